@@ -1,0 +1,72 @@
+"""docket: distributed background tasks for Python, now or at any time.
+
+The public API, with pydocket's names and semantics: a pydocket program ports
+by changing its imports to ``docket_core``.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .agenda import Agenda
+from .dependencies import (
+    ConcurrencyLimit,
+    CurrentDocket,
+    CurrentExecution,
+    CurrentWorker,
+    Depends,
+    ExponentialRetry,
+    ForcedRetry,
+    Logged,
+    Perpetual,
+    Progress,
+    Retry,
+    TaskArgument,
+    TaskKey,
+    TaskLogger,
+    Timeout,
+)
+from .docket import Docket, DocketSnapshot, RunningExecution, WorkerInfo
+from .execution import Execution, ExecutionCancelled
+from .sansio.errors import DocketError, StoreError, UsageError
+from .sansio.strikes import Operator
+from .sansio.values import Disposition, ExecutionState
+from .worker import Worker
+
+try:
+    __version__ = version("docket")
+except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+    __version__ = "0.0.0"
+
+__all__ = [
+    "Agenda",
+    "ConcurrencyLimit",
+    "CurrentDocket",
+    "CurrentExecution",
+    "CurrentWorker",
+    "Depends",
+    "Disposition",
+    "Docket",
+    "DocketError",
+    "DocketSnapshot",
+    "Execution",
+    "ExecutionCancelled",
+    "ExecutionState",
+    "ExponentialRetry",
+    "ForcedRetry",
+    "Logged",
+    "Operator",
+    "Perpetual",
+    "Progress",
+    "Retry",
+    "RunningExecution",
+    "StoreError",
+    "TaskArgument",
+    "TaskKey",
+    "TaskLogger",
+    "Timeout",
+    "UsageError",
+    "Worker",
+    "WorkerInfo",
+    "__version__",
+]

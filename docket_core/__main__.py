@@ -1,0 +1,10 @@
+"""``python -m docket_core``: the same as the ``docket`` command."""
+
+from __future__ import annotations
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

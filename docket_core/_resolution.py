@@ -1,0 +1,562 @@
+"""The machinery behind ``docket_core.dependencies``: per-function plans,
+argument binding, policies and the per-execution resolution of dependencies.
+
+Everything that depends only on the function (its signature, its declared
+dependencies, its ``Annotated`` metadata, the static part of its policy) is
+computed once into a ``_Plan`` and cached by function; the per-call work is a
+dictionary lookup plus whatever the declared dependencies really need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import sys
+import typing
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from types import TracebackType
+from typing import Annotated, Any, ClassVar
+
+import attrs
+
+from .sansio.errors import UsageError
+from .sansio.inputs import FollowUp
+from .sansio.values import NO_POLICY, TaskPolicy
+
+current_docket: contextvars.ContextVar[Any] = contextvars.ContextVar("current_docket")
+current_worker: contextvars.ContextVar[Any] = contextvars.ContextVar("current_worker")
+current_execution: contextvars.ContextVar[Any] = contextvars.ContextVar("current_execution")
+
+
+class Dependency:
+    """Base of everything that can be declared as a parameter default (or as
+    ``Annotated`` metadata) and is filled in when the task runs.
+
+    ``single`` dependencies may appear at most once per task function (counting
+    subclasses as the same kind, so ``Retry`` and ``ExponentialRetry`` clash).
+    """
+
+    single: ClassVar[bool] = False
+    #: as ``Annotated`` metadata it describes the argument instead of replacing it
+    _describes_argument: bool = False
+    #: contributes to the policy with values that depend on the call's arguments
+    _per_call: ClassVar[bool] = False
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        """The value handed to the task for this dependency."""
+        return self
+
+    def _cache_key(self) -> object | None:
+        """Values are shared within one execution by this key (``None``: not cached)."""
+        return None
+
+    def _bind_to_parameter(self, parameter: str) -> Dependency:
+        """The dependency as ``Annotated`` metadata on ``parameter``."""
+        return self
+
+    def _check(self, function: Callable[..., Any], parameter: str, top_level: bool) -> None:
+        """Raise ``UsageError`` if this declaration cannot work."""
+
+    def _policy(self) -> dict[str, Any]:
+        """``TaskPolicy`` fields that do not depend on the call."""
+        return {}
+
+    def _call_policy(
+        self, function_name: str, docket_name: str, arguments: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """``TaskPolicy`` fields that depend on the call (when ``_per_call``)."""
+        return {}
+
+    def _follow_up(self) -> FollowUp | None:
+        """What this per-execution copy asks of the task's future."""
+        return None
+
+
+def _single_kind(cls: type[Dependency]) -> type[Dependency]:
+    """The most basic class of ``cls`` that declares ``single = True``."""
+    kind = cls
+    for base in cls.__mro__:
+        if isinstance(base, type) and issubclass(base, Dependency):
+            if vars(base).get("single") is True:
+                kind = base
+    return kind
+
+
+class Logged:
+    """``Annotated[T, Logged]`` shows the argument's value in log lines;
+    ``Annotated[T, Logged(length_only=True)]`` shows only its length."""
+
+    def __init__(self, length_only: bool = False) -> None:
+        self.length_only = length_only
+
+    def format(self, value: Any) -> str:
+        if self.length_only:
+            try:
+                return f"{{len {len(value)}}}"
+            except TypeError:
+                return "{len ?}"
+        return repr(value)
+
+    def __repr__(self) -> str:
+        return f"Logged(length_only={self.length_only})"
+
+
+_LOGGED_VALUE = Logged()
+
+
+# -- plans ---------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class _Injected:
+    name: str
+    #: index when the parameter can be passed by position, else a large number
+    position: int
+    dependency: Dependency
+
+
+@attrs.frozen(slots=True)
+class _Plan:
+    injected: tuple[_Injected, ...]
+    policy: TaskPolicy
+    per_call: tuple[Dependency, ...]
+    positional: tuple[str, ...]
+    var_positional: str | None
+    defaults: Mapping[str, Any]
+    logged: Mapping[str, Logged]
+    parameters: frozenset[str]
+    var_keyword: bool
+
+
+@attrs.frozen(slots=True)
+class FactoryPlan:
+    """How to call a ``Depends`` factory: its own dependencies and its kind."""
+
+    injected: tuple[tuple[str, Dependency], ...]
+    #: "asyncgen", "gen" or "call"
+    kind: str
+
+
+_PLANS: dict[Any, _Plan] = {}
+_FACTORY_PLANS: dict[Any, FactoryPlan] = {}
+_NOT_POSITIONAL = sys.maxsize
+
+
+def _signature(function: Callable[..., Any]) -> inspect.Signature:
+    try:
+        return inspect.signature(function)
+    except (TypeError, ValueError) as error:
+        raise UsageError(f"can't inspect the signature of {function!r}: {error}") from None
+
+
+def _annotations(function: Callable[..., Any], signature: inspect.Signature) -> dict[str, Any]:
+    """Parameter annotations, evaluated when they are strings (best effort)."""
+    raw = {
+        name: p.annotation
+        for name, p in signature.parameters.items()
+        if p.annotation is not inspect.Parameter.empty
+    }
+    if any(isinstance(a, str) for a in raw.values()):
+        try:
+            hints = typing.get_type_hints(function, include_extras=True)
+        except Exception:
+            hints = {}
+        raw = {name: hints.get(name, a) for name, a in raw.items()}
+    return raw
+
+
+def _metadata(annotation: Any) -> tuple[Any, ...]:
+    if typing.get_origin(annotation) is Annotated:
+        return tuple(annotation.__metadata__)
+    return ()
+
+
+def _scan(
+    function: Callable[..., Any], top_level: bool
+) -> tuple[
+    inspect.Signature,
+    list[tuple[inspect.Parameter, Dependency]],
+    list[Dependency],
+    dict[str, Logged],
+]:
+    """Dependencies to inject, argument-describing dependencies and ``Logged`` markers."""
+    signature = _signature(function)
+    annotations = _annotations(function, signature)
+    injected: list[tuple[inspect.Parameter, Dependency]] = []
+    describing: list[Dependency] = []
+    logged: dict[str, Logged] = {}
+    for name, parameter in signature.parameters.items():
+        found: list[Dependency] = []
+        if isinstance(parameter.default, Dependency):
+            found.append(parameter.default)
+        for item in _metadata(annotations.get(name)):
+            if item is Logged:
+                logged[name] = _LOGGED_VALUE
+            elif isinstance(item, Logged):
+                logged[name] = item
+            elif isinstance(item, Dependency):
+                bound = item._bind_to_parameter(name)
+                if bound._describes_argument:
+                    bound._check(function, name, top_level)
+                    describing.append(bound)
+                else:
+                    found.append(bound)
+        if len(found) > 1:
+            raise UsageError(f"parameter {name!r} of {_name(function)} has two dependencies")
+        if found:
+            if parameter.kind in (
+                parameter.POSITIONAL_ONLY,
+                parameter.VAR_POSITIONAL,
+                parameter.VAR_KEYWORD,
+            ):
+                raise UsageError(
+                    f"dependency parameter {name!r} of {_name(function)} must be "
+                    "passable by keyword"
+                )
+            found[0]._check(function, name, top_level)
+            injected.append((parameter, found[0]))
+    return signature, injected, describing, logged
+
+
+def _name(function: Callable[..., Any]) -> str:
+    return getattr(function, "__qualname__", None) or repr(function)
+
+
+def _build_plan(function: Callable[..., Any]) -> _Plan:
+    signature, injected, describing, logged = _scan(function, top_level=True)
+    everything = [d for _, d in injected] + describing
+    kinds: dict[type[Dependency], Dependency] = {}
+    for dependency in everything:
+        if dependency.single:
+            kind = _single_kind(type(dependency))
+            if kind in kinds:
+                raise UsageError(
+                    f"{_name(function)} declares more than one {kind.__name__} dependency"
+                )
+            kinds[kind] = dependency
+    fields: dict[str, Any] = {}
+    for dependency in everything:
+        fields.update(dependency._policy())
+    positional: list[str] = []
+    var_positional: str | None = None
+    defaults: dict[str, Any] = {}
+    for name, p in signature.parameters.items():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            positional.append(name)
+        elif p.kind is p.VAR_POSITIONAL:
+            var_positional = name
+        if p.default is not p.empty and not isinstance(p.default, Dependency):
+            defaults[name] = p.default
+    position = {name: i for i, name in enumerate(positional)}
+    return _Plan(
+        injected=tuple(
+            _Injected(p.name, position.get(p.name, _NOT_POSITIONAL), d) for p, d in injected
+        ),
+        policy=TaskPolicy(**fields) if fields else NO_POLICY,
+        per_call=tuple(d for d in everything if d._per_call),
+        positional=tuple(positional),
+        var_positional=var_positional,
+        defaults=defaults,
+        logged=logged,
+        parameters=frozenset(signature.parameters),
+        var_keyword=any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()),
+    )
+
+
+def _plan(function: Callable[..., Any]) -> _Plan:
+    try:
+        return _PLANS[function]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable callable: no caching
+        return _build_plan(function)
+    plan = _PLANS[function] = _build_plan(function)
+    return plan
+
+
+def factory_plan(factory: Callable[..., Any]) -> FactoryPlan:
+    """The cached plan of a ``Depends`` factory (validating it on first use)."""
+    try:
+        return _FACTORY_PLANS[factory]
+    except KeyError:
+        pass
+    _, injected, _, _ = _scan(factory, top_level=False)
+    covered = {p.name for p, _ in injected}
+    for name, p in _signature(factory).parameters.items():
+        if name in covered or p.default is not p.empty:
+            continue
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        raise UsageError(
+            f"parameter {name!r} of dependency {_name(factory)} needs a dependency default"
+        )
+    if inspect.isasyncgenfunction(factory):
+        kind = "asyncgen"
+    elif inspect.isgeneratorfunction(factory):
+        kind = "gen"
+    else:  # plain or async function; ``@contextmanager`` ones return a manager
+        kind = "call"
+    plan = FactoryPlan(tuple((p.name, d) for p, d in injected), kind)
+    try:
+        _FACTORY_PLANS[factory] = plan
+    except TypeError:
+        pass
+    return plan
+
+
+# -- the public entry points -------------------------------------------------------
+
+
+def validate(function: Callable[..., Any]) -> None:
+    """Raise ``UsageError`` when ``function``'s dependency declarations cannot work."""
+    _plan(function)
+
+
+def task_policy(
+    function: Callable[..., Any],
+    function_name: str,
+    docket_name: str,
+    arguments: Mapping[str, Any],
+) -> TaskPolicy:
+    """What the core must know about one call of ``function``."""
+    plan = _PLANS.get(function) or _plan(function)
+    if not plan.per_call:
+        return plan.policy
+    policy = plan.policy
+    fields: dict[str, Any] = {
+        "retry": policy.retry,
+        "perpetual": policy.perpetual,
+        "timeout": policy.timeout,
+        "concurrency": policy.concurrency,
+    }
+    for dependency in plan.per_call:
+        fields.update(dependency._call_policy(function_name, docket_name, arguments))
+    return TaskPolicy(**fields)
+
+
+def bind_arguments(
+    function: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The call's arguments by parameter name, plain defaults filled in.
+
+    Dependency parameters appear only when passed explicitly; extra keyword
+    arguments (for ``**kwargs``) appear under their own names.
+    """
+    plan = _PLANS.get(function) or _plan(function)
+    bound = dict(zip(plan.positional, args, strict=False))
+    if plan.var_positional is not None and len(args) > len(plan.positional):
+        bound[plan.var_positional] = args[len(plan.positional) :]
+    bound.update(kwargs)
+    for name, value in plan.defaults.items():
+        bound.setdefault(name, value)
+    return bound
+
+
+def call_repr(
+    function: Callable[..., Any],
+    function_name: str,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+) -> str:
+    """``name(arg, key=...)`` for log lines: only ``Logged`` arguments show values."""
+    plan = _PLANS.get(function) or _plan(function)
+    shown: list[str] = []
+    for index, value in enumerate(args):
+        name = plan.positional[index] if index < len(plan.positional) else plan.var_positional
+        marker = plan.logged.get(name) if name is not None else None
+        shown.append(marker.format(value) if marker is not None else "...")
+    for name, value in kwargs.items():
+        marker = plan.logged.get(name)
+        shown.append(f"{name}={marker.format(value) if marker is not None else '...'}")
+    return f"{function_name}({', '.join(shown)})"
+
+
+@attrs.define
+class TaskContext:
+    """Everything the dependencies of one execution may draw on."""
+
+    docket: Any
+    worker: Any
+    execution: Any
+    function_name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    now: Callable[[], float]
+    deadline: float | None
+    on_deadline_change: Callable[[float], None]
+    report_progress: Callable[..., Awaitable[Any]]
+
+
+class Run:
+    """The state of one execution's resolution: caches, cleanups and the
+    per-execution copies that have something to say afterwards."""
+
+    __slots__ = ("_arguments", "cache", "context", "follow_ups", "function", "stack")
+
+    def __init__(self, function: Callable[..., Any], context: TaskContext) -> None:
+        self.function = function
+        self.context = context
+        self.stack = AsyncExitStack()
+        self.cache: dict[object, Any] = {}
+        self.follow_ups: list[Dependency] = []
+        self._arguments: dict[str, Any] | None = None
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        """The call's arguments by name (bound once, on demand)."""
+        if self._arguments is None:
+            context = self.context
+            self._arguments = bind_arguments(self.function, context.args, context.kwargs)
+        return self._arguments
+
+    async def inject(self, dependency: Dependency, parameter: str) -> Any:
+        key = dependency._cache_key()
+        if key is None:
+            return await dependency._inject(self, parameter)
+        try:
+            return self.cache[key]
+        except KeyError:
+            pass
+        value = self.cache[key] = await dependency._inject(self, parameter)
+        return value
+
+    async def call_factory(self, factory: Callable[..., Any]) -> Any:
+        """Resolve a ``Depends`` factory's own dependencies, then call or enter it."""
+        plan = factory_plan(factory)
+        kwargs = {name: await self.inject(d, name) for name, d in plan.injected}
+        if plan.kind == "asyncgen":
+            manager = contextlib.asynccontextmanager(factory)(**kwargs)
+            return await self.stack.enter_async_context(manager)
+        if plan.kind == "gen":
+            return self.stack.enter_context(contextlib.contextmanager(factory)(**kwargs))
+        value = factory(**kwargs)
+        if inspect.isawaitable(value):
+            value = await value
+        if hasattr(value, "__aenter__") and hasattr(value, "__aexit__"):
+            return await self.stack.enter_async_context(value)
+        if hasattr(value, "__enter__") and hasattr(value, "__exit__"):
+            return self.stack.enter_context(value)
+        return value
+
+
+class ForcedRetry(Exception):
+    """Raised by ``retry.after``/``retry.at``: run the task again (attempts permitting)."""
+
+    def __init__(self, delay: float = 0.0, when: float | None = None) -> None:
+        super().__init__(
+            f"retry requested at {when}" if when is not None else f"retry requested in {delay}s"
+        )
+        #: seconds from the end of the attempt
+        self.delay = delay
+        #: or an absolute time (epoch seconds)
+        self.when = when
+
+
+def forced_retry_at(error: BaseException, now: float) -> float | None:
+    """When ``error`` is a ``ForcedRetry``, the time it asks to retry at."""
+    if not isinstance(error, ForcedRetry):
+        return None
+    return error.when if error.when is not None else now + error.delay
+
+
+class ResolvedCall:
+    """A task call with its dependency parameters filled in."""
+
+    __slots__ = ("_run", "args", "kwargs")
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], run: Run | None) -> None:
+        self.args = args
+        self.kwargs = kwargs
+        self._run = run
+
+    def follow_up(self, now: float, error: BaseException | None = None) -> FollowUp | None:
+        """What the task asked for about its future (``retry_at`` only when
+        ``error`` is given and is a ``ForcedRetry``)."""
+        result: FollowUp | None = None
+        if self._run is not None:
+            for source in self._run.follow_ups:
+                result = source._follow_up() or result
+        retry_at = forced_retry_at(error, now) if error is not None else None
+        if retry_at is not None:
+            result = attrs.evolve(result or FollowUp(), retry_at=retry_at)
+        return result
+
+
+class _Resolution(AbstractAsyncContextManager[ResolvedCall]):
+    """``async with resolve(function, context) as call``: see ``resolve``."""
+
+    def __init__(self, function: Callable[..., Any], context: TaskContext) -> None:
+        self._function = function
+        self._context = context
+        self._run: Run | None = None
+        self._tokens: tuple[contextvars.Token[Any], ...] = ()
+
+    async def __aenter__(self) -> ResolvedCall:
+        context = self._context
+        plan = _PLANS.get(self._function) or _plan(self._function)
+        self._tokens = (
+            current_docket.set(context.docket),
+            current_worker.set(context.worker),
+            current_execution.set(context.execution),
+        )
+        if not plan.injected:
+            return ResolvedCall(context.args, context.kwargs, None)
+        run = self._run = Run(self._function, context)
+        kwargs = dict(context.kwargs)
+        given = len(context.args)
+        try:
+            for item in plan.injected:
+                if item.position < given or item.name in kwargs:
+                    continue
+                kwargs[item.name] = await run.inject(item.dependency, item.name)
+        except BaseException:
+            await self._close(*sys.exc_info())
+            raise
+        return ResolvedCall(context.args, kwargs, run)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._close(exc_type, exc, tb)
+
+    async def _close(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._run is not None:
+                # the dependencies' context managers see the task's error, but
+                # cannot swallow it: the runtime must learn how the task ended
+                await self._run.stack.__aexit__(exc_type, exc, tb)
+        finally:
+            for var, token in zip(
+                (current_execution, current_worker, current_docket),
+                reversed(self._tokens),
+                strict=False,
+            ):
+                try:
+                    var.reset(token)
+                except ValueError:  # exited in another context than entered
+                    pass
+            self._tokens = ()
+
+
+def resolve(
+    function: Callable[..., Any], context: TaskContext
+) -> AbstractAsyncContextManager[ResolvedCall]:
+    """Resolve ``function``'s dependencies for one execution.
+
+    Entering yields the ready call; leaving exits the dependencies' context
+    managers in reverse order (also when the task failed).  Errors raised while
+    resolving propagate out of ``async with`` after cleaning up what was
+    already entered.  The contextvars ``current_docket``, ``current_worker``
+    and ``current_execution`` are set for the duration.
+    """
+    return _Resolution(function, context)

@@ -1,0 +1,157 @@
+"""The storage algebra: what every adapter (memory, Redis, GLIDE) implements.
+
+An adapter carries out the core's store effects (``execute``) and serves the
+reads the runtime and the client API need.  It holds no decision logic: every
+condition it checks is spelled out in the contract of an effect or a method
+here, and the memory adapter is the reference implementation of each.
+
+The docket URL picks the adapter: ``memory://name`` needs no server;
+``redis://``/``rediss://``/``unix://`` pick ``docket_redis``; ``glide://`` and
+``glides://`` pick ``docket_glide``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+from .sansio.effects import StoreEffect
+from .sansio.errors import UsageError
+from .sansio.inputs import Outcome
+from .sansio.strikes import StrikeInstruction, StrikeList
+from .sansio.values import (
+    Delivery,
+    ExecutionRecord,
+    ProgressRecord,
+    StoreSnapshot,
+    WorkerRecord,
+)
+
+#: An event as published on a key's channel: ``{"type": "state", ...}`` or
+#: ``{"type": "progress", ...}`` (JSON-compatible values only).
+Event = dict[str, Any]
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ReadResult:
+    """What one ``read`` brought: deliveries, and the ``when`` of the soonest
+    future message still waiting (``None`` if there is none)."""
+
+    deliveries: tuple[Delivery, ...]
+    next_due: float | None
+
+
+@runtime_checkable
+class StorageAdapter(Protocol):
+    """One docket's view of a store.  Every method may raise ``StoreError``
+    (the store failed: connection lost, nonsense reply)."""
+
+    #: the docket's name; every key of the docket lives under it
+    name: str
+
+    async def open(self) -> None:
+        """Connect; called once by ``Docket.__aenter__``."""
+
+    async def close(self) -> None:
+        """Disconnect; called once by ``Docket.__aexit__``."""
+
+    async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
+        """Carry out ``effects`` in order, as few round trips as possible,
+        returning one outcome per effect.  Each effect is atomic on its own."""
+
+    async def read(
+        self,
+        *,
+        worker: str,
+        count: int,
+        now: float,
+        redelivery_timeout: float,
+        block: float,
+    ) -> ReadResult:
+        """Hand ``worker`` up to ``count`` deliveries.
+
+        In one step: queue every scheduled message with ``when <= now``; take
+        over deliveries whose holder has not renewed them for
+        ``redelivery_timeout`` seconds (``redelivered=True``); then hand out
+        queued messages.  When there is nothing, wait up to ``block`` seconds
+        for something to be queued or scheduled, then return what there is
+        (possibly nothing: the caller loops).
+        """
+
+    async def pending(self) -> int:
+        """How many messages are scheduled, queued, parked or held by a worker."""
+
+    async def get_record(self, key: str) -> ExecutionRecord | None:
+        """The key's record, or ``None`` when unknown or expired."""
+
+    async def get_progress(self, key: str) -> ProgressRecord | None:
+        """The key's progress while it runs."""
+
+    async def report_progress(
+        self,
+        key: str,
+        *,
+        now: float,
+        current: int | None = None,
+        increment: int | None = None,
+        total: int | None = None,
+        message: str | None = None,
+        clear_message: bool = False,
+    ) -> ProgressRecord:
+        """Update the key's progress and publish a progress event."""
+
+    def subscribe(self, key: str) -> AbstractAsyncContextManager[AsyncIterator[Event]]:
+        """Listen to the key's state and progress events (live ones only)."""
+
+    def cancellations(self) -> AbstractAsyncContextManager[AsyncIterator[str]]:
+        """Listen to the keys being cancelled (for workers)."""
+
+    async def add_strike(self, instruction: StrikeInstruction) -> None:
+        """Append a strike or restore for every process of the docket."""
+
+    async def strikes(self) -> StrikeList:
+        """The docket's strikes, as current as this process has seen them."""
+
+    async def snapshot(self, now: float) -> StoreSnapshot:
+        """Scheduled, queued and running messages, and live workers."""
+
+    async def workers(self, now: float, horizon: float) -> list[WorkerRecord]:
+        """Workers whose last heartbeat is newer than ``now - horizon``."""
+
+    async def clear(self, now: float, ttl: float) -> int:
+        """Remove every scheduled and queued message (marking them cancelled);
+        return how many were removed.  Running tasks are left alone."""
+
+
+_SCHEMES: dict[str, tuple[str, str, str]] = {
+    "memory": ("docket_memory", "MemoryStore", "docket"),
+    "redis": ("docket_redis", "RedisStore", "redis"),
+    "rediss": ("docket_redis", "RedisStore", "redis"),
+    "unix": ("docket_redis", "RedisStore", "redis"),
+    "glide": ("docket_glide", "GlideStore", "glide"),
+    "glides": ("docket_glide", "GlideStore", "glide"),
+}
+
+
+def adapter_for_url(url: str, name: str) -> StorageAdapter:
+    """Build the adapter the URL's scheme names (``memory://`` by default)."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    try:
+        module_name, class_name, extra = _SCHEMES[scheme]
+    except KeyError:
+        known = ", ".join(f"{s}://" for s in _SCHEMES)
+        raise UsageError(f"unknown docket URL scheme in {url!r}; expected one of {known}") from None
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(
+            f"the {scheme}:// backend needs the {module_name} adapter and its "
+            f"client library: pip install 'docket[{extra}]' ({error})"
+        ) from error
+    factory: Any = getattr(module, class_name)
+    adapter: StorageAdapter = factory.from_url(url, name=name)
+    return adapter

@@ -1,0 +1,521 @@
+"""The ``docket`` command line.
+
+``docket worker`` runs a worker; ``strike``, ``restore``, ``clear``,
+``snapshot`` and ``workers ls`` inspect or steer a docket that lives in a
+shared store.  Built on argparse, so it needs nothing beyond docket itself.
+
+Options that configure a worker or pick a docket can also come from the
+environment (``DOCKET_URL``, ``DOCKET_NAME``, ``DOCKET_TASKS``,
+``DOCKET_WORKER_*``, ``DOCKET_LOGGING_LEVEL``); a command-line option wins
+over its variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+
+from .sansio.errors import DocketError, UsageError
+from .sansio.strikes import Operator
+
+if TYPE_CHECKING:
+    from . import Docket
+
+__all__ = ["build_parser", "main", "parse_duration", "parse_value"]
+
+T = TypeVar("T")
+
+MEMORY_ONLY_IN_PROCESS = "memory:// dockets live inside one process; use a redis:// URL for the CLI"
+
+LOGGING_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+# -- parsing helpers ---------------------------------------------------------------------------
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_WITH_UNIT = re.compile(r"(?P<number>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>ms|s|m|h)?")
+_CLOCK = re.compile(r"(?:(?P<hours>\d+):)?(?P<minutes>\d+):(?P<seconds>\d+(?:\.\d+)?)")
+
+
+def parse_duration(text: str) -> timedelta:
+    """Read a duration: ``123`` or ``123s`` (seconds), ``123ms``, ``5m``, ``2h``,
+    ``mm:ss`` or ``hh:mm:ss``.  Raises ``ValueError`` on anything else."""
+    cleaned = text.strip().lower()
+    match = _WITH_UNIT.fullmatch(cleaned)
+    if match:
+        seconds = float(match["number"]) * _UNIT_SECONDS[match["unit"] or "s"]
+        return timedelta(seconds=seconds)
+    match = _CLOCK.fullmatch(cleaned)
+    if match:
+        minutes = int(match["minutes"])
+        seconds = float(match["seconds"])
+        if seconds >= 60 or (match["hours"] is not None and minutes >= 60):
+            raise ValueError(f"invalid duration {text!r}: minutes and seconds must be below 60")
+        hours = int(match["hours"] or 0)
+        return timedelta(hours=hours, minutes=minutes, seconds=seconds)
+    raise ValueError(
+        f"invalid duration {text!r}; use e.g. 30, 30s, 250ms, 5m, 2h, 01:30 or 01:00:00"
+    )
+
+
+_TRUE = {"true", "t", "yes", "y", "on", "1"}
+_FALSE = {"false", "f", "no", "n", "off", "0"}
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"invalid bool {text!r}; use true or false")
+
+
+_VALUE_TYPES: dict[str, Callable[[str], Any]] = {
+    "int": int,
+    "float": float,
+    "bool": _parse_bool,
+    "str": str,
+}
+
+
+def parse_value(text: str) -> Any:
+    """Read a strike value: ``int:5``, ``float:1.5``, ``bool:true``, ``str:x``;
+    without a known type prefix the whole text is a string.  Raises
+    ``ValueError`` when the text does not fit the type it names."""
+    prefix, colon, rest = text.partition(":")
+    if not colon or prefix not in _VALUE_TYPES:
+        return text
+    try:
+        return _VALUE_TYPES[prefix](rest)
+    except ValueError:
+        raise ValueError(f"invalid {prefix} value {rest!r} in {text!r}") from None
+
+
+def _wildcard(text: str | None) -> str | None:
+    """``*`` or an empty string means "any"."""
+    if text is None or text.strip() in ("", "*"):
+        return None
+    return text
+
+
+def _argument_type(parse: Callable[[str], Any], name: str) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = name
+    return convert
+
+
+def _positive_int(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise ValueError(f"invalid number {text!r}") from None
+    if number < 1:
+        raise ValueError(f"must be at least 1, not {number}")
+    return number
+
+
+_duration = _argument_type(parse_duration, "duration")
+
+
+# -- the parser --------------------------------------------------------------------------------
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return default
+    return value.strip().lower() in _TRUE
+
+
+def _add_docket_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        default=_env("DOCKET_URL", "memory://"),
+        help="the store holding the docket (env DOCKET_URL; default %(default)s)",
+    )
+    parser.add_argument(
+        "--docket",
+        default=_env("DOCKET_NAME", "docket"),
+        help="the docket's name (env DOCKET_NAME; default %(default)s)",
+    )
+
+
+def _add_strike_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "function", nargs="?", default=None, help="task name; '*' or '' for any task"
+    )
+    parser.add_argument(
+        "parameter", nargs="?", default=None, help="parameter name; '*' or '' for any"
+    )
+    parser.add_argument(
+        "operator",
+        nargs="?",
+        default="==",
+        choices=[operator.value for operator in Operator],
+        help="comparison (default ==)",
+    )
+    parser.add_argument(
+        "value",
+        nargs="?",
+        default=None,
+        help=(
+            "value to compare with: int:5, float:1.5, bool:true, str:x (untyped: str); "
+            "for 'between', LOW,HIGH such as int:1,int:10"
+        ),
+    )
+    _add_docket_options(parser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``docket`` argument parser (environment defaults read now)."""
+    parser = argparse.ArgumentParser(
+        prog="docket", description="Distributed background tasks for Python."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    commands.add_parser("version", help="print docket's version")
+
+    worker = commands.add_parser("worker", help="run a worker")
+    worker.add_argument(
+        "--tasks",
+        action="append",
+        default=None,
+        metavar="MODULE:COLLECTION",
+        help=(
+            "a collection of task functions to register, e.g. myapp.tasks:all_tasks; "
+            "repeatable (env DOCKET_TASKS, comma separated)"
+        ),
+    )
+    _add_docket_options(worker)
+    worker.add_argument(
+        "--name",
+        default=os.environ.get("DOCKET_WORKER_NAME"),
+        help="the worker's name (env DOCKET_WORKER_NAME; default: chosen by the worker)",
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=_argument_type(_positive_int, "concurrency"),
+        default=_env("DOCKET_WORKER_CONCURRENCY", "10"),
+        help="how many tasks may run at once (default %(default)s)",
+    )
+    durations = [
+        ("--redelivery-timeout", "REDELIVERY_TIMEOUT", "5m",
+         "how long a task may go unrenewed before another worker takes it over"),
+        ("--reconnection-delay", "RECONNECTION_DELAY", "5s",
+         "how long to wait before reconnecting to the store after an error"),
+        ("--minimum-check-interval", "MINIMUM_CHECK_INTERVAL", "100ms",
+         "the shortest wait between two checks for new work"),
+        ("--scheduling-resolution", "SCHEDULING_RESOLUTION", "250ms",
+         "how often future tasks are checked for being due"),
+    ]  # fmt: skip
+    for option, env_suffix, default, text in durations:
+        worker.add_argument(
+            option,
+            type=_duration,
+            default=_env(f"DOCKET_WORKER_{env_suffix}", default),
+            metavar="DURATION",
+            help=f"{text} (env DOCKET_WORKER_{env_suffix}; default %(default)s)",
+        )
+    worker.add_argument(
+        "--schedule-automatic-tasks",
+        action=argparse.BooleanOptionalAction,
+        default=_env_bool("DOCKET_WORKER_SCHEDULE_AUTOMATIC_TASKS", True),
+        help="start automatic perpetual tasks (env DOCKET_WORKER_SCHEDULE_AUTOMATIC_TASKS)",
+    )
+    worker.add_argument(
+        "--until-finished",
+        action="store_true",
+        help="exit once no task is due, scheduled or running instead of running forever",
+    )
+    worker.add_argument(
+        "--logging-level",
+        type=str.upper,
+        choices=LOGGING_LEVELS,
+        default=_env("DOCKET_LOGGING_LEVEL", "INFO").upper(),
+        help="log level (env DOCKET_LOGGING_LEVEL; default %(default)s)",
+    )
+
+    strike = commands.add_parser(
+        "strike",
+        help="pause a task, or calls matching an argument condition",
+        description=(
+            "Strike a task by name, calls whose PARAMETER matches OPERATOR VALUE, or both. "
+            "Struck tasks are not run until restored."
+        ),
+    )
+    _add_strike_arguments(strike)
+
+    restore = commands.add_parser(
+        "restore",
+        help="lift a strike",
+        description="Lift a strike given with the same arguments to 'docket strike'.",
+    )
+    _add_strike_arguments(restore)
+
+    clear = commands.add_parser("clear", help="remove every scheduled and queued task")
+    _add_docket_options(clear)
+
+    snapshot = commands.add_parser("snapshot", help="show running and future tasks")
+    _add_docket_options(snapshot)
+
+    workers = commands.add_parser("workers", help="inspect the docket's workers")
+    workers_commands = workers.add_subparsers(
+        dest="workers_command", required=True, metavar="COMMAND"
+    )
+    workers_ls = workers_commands.add_parser("ls", help="list live workers")
+    _add_docket_options(workers_ls)
+
+    return parser
+
+
+# -- commands ----------------------------------------------------------------------------------
+
+
+def _is_memory(url: str) -> bool:
+    return url.strip().lower().startswith("memory://")
+
+
+def _split_tasks(values: Sequence[str] | None) -> list[str]:
+    raw = list(values) if values else [os.environ.get("DOCKET_TASKS", "")]
+    return [part.strip() for value in raw for part in value.split(",") if part.strip()]
+
+
+def _command_version(out: TextIO) -> int:
+    from . import __version__
+
+    print(__version__, file=out)
+    return 0
+
+
+def _command_worker(args: argparse.Namespace) -> int:
+    import anyio
+
+    from . import Docket, Worker
+
+    logging.basicConfig(
+        level=getattr(logging, args.logging_level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    tasks = _split_tasks(args.tasks)
+
+    async def run() -> None:
+        async with Docket(name=args.docket, url=args.url) as docket:
+            for collection in tasks:
+                docket.register_collection(collection)
+            async with Worker(
+                docket,
+                name=args.name,
+                concurrency=args.concurrency,
+                redelivery_timeout=args.redelivery_timeout,
+                reconnection_delay=args.reconnection_delay,
+                minimum_check_interval=args.minimum_check_interval,
+                scheduling_resolution=args.scheduling_resolution,
+                schedule_automatic_tasks=args.schedule_automatic_tasks,
+            ) as worker:
+                if args.until_finished:
+                    await worker.run_until_finished()
+                else:
+                    await worker.run_forever()
+
+    anyio.run(run)
+    return 0
+
+
+def _with_docket(args: argparse.Namespace, body: Callable[[Docket], Awaitable[T]]) -> T:
+    """Open the docket named by ``args``, run ``body`` on it, return its result."""
+    import anyio
+
+    from . import Docket
+
+    async def run() -> T:
+        async with Docket(name=args.docket, url=args.url) as docket:
+            return await body(docket)
+
+    return anyio.run(run)
+
+
+def _strike_arguments(args: argparse.Namespace) -> tuple[str | None, str | None, str, Any]:
+    function = _wildcard(args.function)
+    parameter = _wildcard(args.parameter)
+    if function is None and parameter is None:
+        raise UsageError("name a task, a parameter, or both ('*' stands for any)")
+    if parameter is None:
+        return function, None, args.operator, None
+    if args.value is None:
+        raise UsageError(f"a condition on {parameter!r} needs a value to compare with")
+    try:
+        if args.operator == Operator.BETWEEN.value:
+            bounds = args.value.split(",")
+            if len(bounds) != 2:
+                raise ValueError(f"'between' needs two values, LOW,HIGH (got {args.value!r})")
+            value: Any = (parse_value(bounds[0]), parse_value(bounds[1]))
+        else:
+            value = parse_value(args.value)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return function, parameter, args.operator, value
+
+
+def _describe_strike(function: str | None, parameter: str | None, operator: str, value: Any) -> str:
+    if parameter is None:
+        return f"task {function}"
+    condition = f"{parameter} {operator} {value!r}"
+    return f"{function} calls with {condition}" if function else f"any task with {condition}"
+
+
+def _command_strike(args: argparse.Namespace, out: TextIO, *, restore: bool) -> int:
+    function, parameter, operator, value = _strike_arguments(args)
+
+    async def body(docket: Docket) -> None:
+        if restore:
+            await docket.restore(function, parameter, operator, value)
+        else:
+            await docket.strike(function, parameter, operator, value)
+
+    _with_docket(args, body)
+    verb = "Restored" if restore else "Struck"
+    print(f"{verb} {_describe_strike(function, parameter, operator, value)}", file=out)
+    return 0
+
+
+def _command_clear(args: argparse.Namespace, out: TextIO) -> int:
+    count = _with_docket(args, lambda docket: docket.clear())
+    print(f"Cleared {count} task{'s' if count != 1 else ''}", file=out)
+    return 0
+
+
+def _relative(moment: datetime, reference: datetime) -> str:
+    seconds = (moment - reference).total_seconds()
+    if abs(seconds) < 0.0005:
+        return "now"
+    text = _format_seconds(abs(seconds))
+    return f"in {text}" if seconds > 0 else f"{text} ago"
+
+
+def _format_seconds(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, seconds = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [len(header) for header in headers]
+    for row in rows:
+        widths = [max(width, len(cell)) for width, cell in zip(widths, row, strict=True)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in [list(headers), ["-" * width for width in widths], *rows]
+    ]
+    return "\n".join(lines)
+
+
+def _command_snapshot(args: argparse.Namespace, out: TextIO) -> int:
+    snapshot = _with_docket(args, lambda docket: docket.snapshot())
+    taken: datetime = snapshot.taken
+    print(f"Docket {args.docket!r} at {args.url}, taken {taken.isoformat()}", file=out)
+    print(
+        f"{snapshot.total_tasks} task(s): {len(snapshot.running)} running, "
+        f"{len(snapshot.future)} future; {len(snapshot.workers)} worker(s)",
+        file=out,
+    )
+    print(file=out)
+    print("Running", file=out)
+    running_rows = [
+        [
+            str(execution.key),
+            str(execution.function_name),
+            str(execution.attempt),
+            str(execution.worker),
+            _relative(execution.started, taken),
+        ]
+        for execution in sorted(snapshot.running, key=lambda e: e.started)
+    ]
+    print(_table(["KEY", "FUNCTION", "ATTEMPT", "WORKER", "STARTED"], running_rows), file=out)
+    print(file=out)
+    print("Future", file=out)
+    future_rows = [
+        [
+            str(execution.key),
+            str(execution.function_name),
+            str(execution.attempt),
+            _relative(execution.when, taken),
+        ]
+        for execution in sorted(snapshot.future, key=lambda e: e.when)
+    ]
+    print(_table(["KEY", "FUNCTION", "ATTEMPT", "WHEN"], future_rows), file=out)
+    return 0
+
+
+def _command_workers_ls(args: argparse.Namespace, out: TextIO) -> int:
+    workers = _with_docket(args, lambda docket: docket.workers())
+    now = datetime.now().astimezone()
+    rows = [
+        [
+            str(worker.name),
+            _relative(worker.last_seen, now),
+            ", ".join(sorted(worker.tasks)),
+        ]
+        for worker in sorted(workers, key=lambda w: w.name)
+    ]
+    print(_table(["NAME", "LAST SEEN", "TASKS"], rows), file=out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``docket`` command; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:
+        code = stop.code
+        return code if isinstance(code, int) else (0 if code is None else 2)
+
+    out = sys.stdout
+    command: str = args.command
+    if command == "version":
+        return _command_version(out)
+
+    if command != "worker" and _is_memory(args.url):
+        print(f"docket {command}: {MEMORY_ONLY_IN_PROCESS}", file=sys.stderr)
+        return 2
+
+    try:
+        if command == "worker":
+            return _command_worker(args)
+        if command in ("strike", "restore"):
+            return _command_strike(args, out, restore=command == "restore")
+        if command == "clear":
+            return _command_clear(args, out)
+        if command == "snapshot":
+            return _command_snapshot(args, out)
+        if command == "workers":
+            return _command_workers_ls(args, out)
+    except UsageError as error:
+        print(f"docket {command}: {error}", file=sys.stderr)
+        return 2
+    except DocketError as error:
+        print(f"docket {command}: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    raise AssertionError(f"unhandled command {command!r}")  # argparse only allows known ones

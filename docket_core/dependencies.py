@@ -1,0 +1,583 @@
+"""Dependencies: parameter defaults that docket fills in when a task runs.
+
+A task declares what it needs as parameter defaults (``retry: Retry =
+Retry(attempts=3)``) or as ``Annotated`` metadata (``customer_id:
+Annotated[int, ConcurrencyLimit(2)]``).  The declared objects say how the task
+is driven (its ``TaskPolicy``); at run time each is replaced by a per-execution
+value, often a copy of itself that knows the current attempt, deadline, etc.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+)
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, NoReturn, TypeVar, cast, overload
+
+import cloudpickle
+
+from ._resolution import (
+    Dependency,
+    ForcedRetry,
+    Logged,
+    ResolvedCall,
+    Run,
+    TaskContext,
+    _signature,
+    bind_arguments,
+    call_repr,
+    current_docket,
+    current_execution,
+    current_worker,
+    factory_plan,
+    forced_retry_at,
+    resolve,
+    task_policy,
+    validate,
+)
+from .sansio.errors import UsageError
+from .sansio.inputs import FollowUp
+from .sansio.values import ConcurrencyPolicy, PerpetualPolicy, RetryPolicy
+
+__all__ = [
+    "ConcurrencyLimit",
+    "CurrentDocket",
+    "CurrentExecution",
+    "CurrentWorker",
+    "Dependency",
+    "Depends",
+    "ExponentialRetry",
+    "ForcedRetry",
+    "Logged",
+    "Perpetual",
+    "Progress",
+    "ResolvedCall",
+    "Retry",
+    "TaskArgument",
+    "TaskContext",
+    "TaskKey",
+    "TaskLogger",
+    "Timeout",
+    "bind_arguments",
+    "call_repr",
+    "current_docket",
+    "current_execution",
+    "current_worker",
+    "forced_retry_at",
+    "resolve",
+    "task_policy",
+    "validate",
+]
+
+_D = TypeVar("_D", bound=Dependency)
+_R = TypeVar("_R")
+
+
+def _copy(dependency: _D) -> _D:
+    return copy.copy(dependency)
+
+
+# -- ambient objects ---------------------------------------------------------------
+
+
+class _CurrentDocket(Dependency):
+    """The ``Docket`` the task came from."""
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        return run.context.docket
+
+
+class _CurrentWorker(Dependency):
+    """The ``Worker`` running the task."""
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        return run.context.worker
+
+
+class _CurrentExecution(Dependency):
+    """The ``Execution`` being run."""
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        return run.context.execution
+
+
+class _TaskKey(Dependency):
+    """The execution's key."""
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        return run.context.execution.key
+
+
+class _TaskArgument(Dependency):
+    """One of the task's arguments, by name.
+
+    Inside a ``Depends`` factory the name defaults to the factory parameter's
+    own name.  A missing argument is a ``UsageError`` unless ``optional``
+    (then ``None``).
+    """
+
+    def __init__(self, parameter: str | None = None, optional: bool = False) -> None:
+        self.parameter = parameter
+        self.optional = optional
+
+    def _check(self, function: Callable[..., Any], parameter: str, top_level: bool) -> None:
+        if top_level and self.parameter is None:
+            raise UsageError(
+                f"TaskArgument() on {parameter!r} of {getattr(function, '__name__', function)} "
+                "needs a parameter name (only Depends factories can infer it)"
+            )
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        name = self.parameter or parameter
+        arguments = run.arguments
+        if name in arguments:
+            return arguments[name]
+        if self.optional:
+            return None
+        raise UsageError(
+            f"TaskArgument {name!r} but the call of {run.context.function_name} "
+            "has no such argument"
+        )
+
+    def __repr__(self) -> str:
+        return f"TaskArgument({self.parameter!r}, optional={self.optional})"
+
+
+class _TaskLogger(Dependency):
+    """A ``LoggerAdapter`` over ``docket.task.<function name>`` labelled with
+    the docket, worker and key."""
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        context = run.context
+        logger = logging.getLogger(f"docket.task.{context.function_name}")
+        extra = {
+            "docket": getattr(context.docket, "name", None),
+            "worker": getattr(context.worker, "name", None),
+            "key": getattr(context.execution, "key", None),
+        }
+        return logging.LoggerAdapter(logger, extra)
+
+
+class _Depends(Dependency):
+    """The value of ``factory``, resolved once per execution.
+
+    ``factory`` may be a function or coroutine function, a (sync or async)
+    generator function, or return a (sync or async) context manager; managers
+    are exited when the task is done, in reverse order, even if it failed.
+    Its own parameters may have dependency defaults.
+    """
+
+    def __init__(self, factory: Callable[..., Any]) -> None:
+        self.factory = factory
+
+    def _check(self, function: Callable[..., Any], parameter: str, top_level: bool) -> None:
+        factory_plan(self.factory)
+
+    def _cache_key(self) -> object | None:
+        return self.factory
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        return await run.call_factory(self.factory)
+
+    def __repr__(self) -> str:
+        return f"Depends({getattr(self.factory, '__qualname__', self.factory)})"
+
+
+def CurrentDocket() -> Any:
+    """Inject the ``Docket`` the task came from."""
+    return _CurrentDocket()
+
+
+def CurrentWorker() -> Any:
+    """Inject the ``Worker`` running the task."""
+    return _CurrentWorker()
+
+
+def CurrentExecution() -> Any:
+    """Inject the ``Execution`` being run."""
+    return _CurrentExecution()
+
+
+def TaskKey() -> str:
+    """Inject the execution's key."""
+    return cast(str, _TaskKey())
+
+
+def TaskArgument(parameter: str | None = None, optional: bool = False) -> Any:
+    """Inject one of the task's arguments (see ``_TaskArgument``)."""
+    return _TaskArgument(parameter, optional)
+
+
+def TaskLogger() -> logging.LoggerAdapter[logging.Logger]:
+    """Inject a ``LoggerAdapter`` labelled with the docket, worker and key."""
+    return cast("logging.LoggerAdapter[logging.Logger]", _TaskLogger())
+
+
+@overload
+def Depends(factory: Callable[..., AbstractAsyncContextManager[_R]]) -> _R: ...
+@overload
+def Depends(factory: Callable[..., AbstractContextManager[_R]]) -> _R: ...
+@overload
+def Depends(factory: Callable[..., AsyncIterator[_R]]) -> _R: ...
+@overload
+def Depends(factory: Callable[..., Iterator[_R]]) -> _R: ...
+@overload
+def Depends(factory: Callable[..., Awaitable[_R]]) -> _R: ...
+@overload
+def Depends(factory: Callable[..., _R]) -> _R: ...
+def Depends(factory: Callable[..., Any]) -> Any:
+    """Inject the value of ``factory``, resolved once per execution (see ``_Depends``)."""
+    return _Depends(factory)
+
+
+# -- retries -----------------------------------------------------------------------
+
+
+class Retry(Dependency):
+    """Retry a failed task: ``attempts`` in total (``None``: forever), ``delay`` apart.
+
+    The injected copy knows the current ``attempt`` (1-based) and can ask for
+    a retry with ``after(delay)``/``in_(delay)``/``at(when)``, which raise
+    ``ForcedRetry`` (still bounded by ``attempts``).
+    """
+
+    single: ClassVar[bool] = True
+
+    def __init__(self, attempts: int | None = 1, delay: timedelta = timedelta(0)) -> None:
+        if attempts is not None and attempts < 1:
+            raise UsageError("Retry attempts must be at least 1 (or None for forever)")
+        self.attempts = attempts
+        self.delay = delay
+        self.attempt = 1
+
+    @classmethod
+    def forever(cls, delay: timedelta = timedelta(0)) -> Retry:
+        return cls(attempts=None, delay=delay)
+
+    def _policy(self) -> dict[str, Any]:
+        return {"retry": RetryPolicy(attempts=self.attempts, delay=self.delay.total_seconds())}
+
+    def _cache_key(self) -> object | None:
+        return self
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        injected = _copy(self)
+        injected.attempt = getattr(run.context.execution, "attempt", 1)
+        return injected
+
+    def after(self, delay: timedelta) -> NoReturn:
+        """Stop this attempt; retry ``delay`` from now."""
+        raise ForcedRetry(delay=delay.total_seconds())
+
+    def in_(self, delay: timedelta) -> NoReturn:
+        """Same as ``after``."""
+        self.after(delay)
+
+    def at(self, when: datetime) -> NoReturn:
+        """Stop this attempt; retry at ``when``."""
+        raise ForcedRetry(when=when.timestamp())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(attempts={self.attempts}, delay={self.delay!r})"
+
+
+class ExponentialRetry(Retry):
+    """``Retry`` whose delay doubles on each attempt, from ``minimum_delay`` up
+    to ``maximum_delay``.  The injected copy's ``delay`` is the current one."""
+
+    def __init__(
+        self,
+        attempts: int | None = 1,
+        minimum_delay: timedelta = timedelta(seconds=1),
+        maximum_delay: timedelta = timedelta(seconds=64),
+    ) -> None:
+        super().__init__(attempts=attempts, delay=minimum_delay)
+        self.minimum_delay = minimum_delay
+        self.maximum_delay = maximum_delay
+
+    @classmethod
+    def forever(
+        cls,
+        minimum_delay: timedelta = timedelta(seconds=1),
+        maximum_delay: timedelta = timedelta(seconds=64),
+    ) -> ExponentialRetry:
+        return cls(attempts=None, minimum_delay=minimum_delay, maximum_delay=maximum_delay)
+
+    def _policy(self) -> dict[str, Any]:
+        return {
+            "retry": RetryPolicy(
+                attempts=self.attempts,
+                delay=self.minimum_delay.total_seconds(),
+                exponential=True,
+                maximum_delay=self.maximum_delay.total_seconds(),
+            )
+        }
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        injected = await super()._inject(run, parameter)
+        assert isinstance(injected, ExponentialRetry)
+        exponent = max(injected.attempt - 1, 0)
+        seconds = self.minimum_delay.total_seconds() * 2.0 ** min(exponent, 64)
+        injected.delay = timedelta(seconds=min(seconds, self.maximum_delay.total_seconds()))
+        return injected
+
+    def __repr__(self) -> str:
+        return (
+            f"ExponentialRetry(attempts={self.attempts}, minimum_delay={self.minimum_delay!r}, "
+            f"maximum_delay={self.maximum_delay!r})"
+        )
+
+
+# -- perpetual tasks ---------------------------------------------------------------
+
+
+class Perpetual(Dependency):
+    """Run the task again ``every`` interval (start to start) after each run.
+
+    ``automatic`` tasks (which take no arguments) are scheduled by workers on
+    their own.  The injected copy can ``cancel()`` the chain, ``perpetuate()``
+    with other arguments, or move the next run with ``after``/``at``.
+    """
+
+    single: ClassVar[bool] = True
+
+    def __init__(self, every: timedelta = timedelta(0), automatic: bool = False) -> None:
+        self.every = every
+        self.automatic = automatic
+        self.cancelled = False
+        self.args: tuple[Any, ...] | None = None
+        self.kwargs: dict[str, Any] | None = None
+        self.next_at: float | None = None
+        self._now: Callable[[], float] = time.time
+
+    def _policy(self) -> dict[str, Any]:
+        return {
+            "perpetual": PerpetualPolicy(every=self.every.total_seconds(), automatic=self.automatic)
+        }
+
+    def _cache_key(self) -> object | None:
+        return Perpetual
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        injected = _copy(self)
+        injected._now = run.context.now
+        run.follow_ups.append(injected)
+        return injected
+
+    def cancel(self) -> None:
+        """End the chain: no next run."""
+        self.cancelled = True
+
+    def perpetuate(self, *args: Any, **kwargs: Any) -> None:
+        """Call the next run with these arguments."""
+        self.args = args
+        self.kwargs = kwargs
+
+    def after(self, delay: timedelta) -> None:
+        """Schedule the next run ``delay`` from now instead of ``every``."""
+        self.next_at = self._now() + delay.total_seconds()
+
+    def at(self, when: datetime) -> None:
+        """Schedule the next run at ``when`` instead of after ``every``."""
+        self.next_at = when.timestamp()
+
+    def _follow_up(self) -> FollowUp | None:
+        if not self.cancelled and self.next_at is None and self.args is None:
+            return None
+        payload = None
+        if self.args is not None:
+            payload = cloudpickle.dumps((self.args, self.kwargs or {}))
+        return FollowUp(
+            perpetual_cancelled=self.cancelled,
+            perpetual_at=self.next_at,
+            perpetual_payload=payload,
+        )
+
+    def __repr__(self) -> str:
+        return f"Perpetual(every={self.every!r}, automatic={self.automatic})"
+
+
+# -- timeouts ----------------------------------------------------------------------
+
+
+class Timeout(Dependency):
+    """Cancel the task once it has run for ``base``; the injected copy can
+    ``extend`` the deadline and tell how much time ``remaining()``."""
+
+    single: ClassVar[bool] = True
+
+    def __init__(self, base: timedelta) -> None:
+        self.base = base
+        self._deadline: float | None = None
+        self._now: Callable[[], float] = time.time
+        self._on_change: Callable[[float], None] | None = None
+
+    def _policy(self) -> dict[str, Any]:
+        return {"timeout": self.base.total_seconds()}
+
+    def _cache_key(self) -> object | None:
+        return Timeout
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        context = run.context
+        injected = _copy(self)
+        injected._now = context.now
+        injected._deadline = (
+            context.deadline
+            if context.deadline is not None
+            else context.now() + self.base.total_seconds()
+        )
+        injected._on_change = context.on_deadline_change
+        return injected
+
+    def _current_deadline(self) -> float:
+        if self._deadline is None:
+            self._deadline = self._now() + self.base.total_seconds()
+        return self._deadline
+
+    def extend(self, by: timedelta | None = None) -> None:
+        """Push the deadline back by ``by`` (default: ``base``)."""
+        extension = (by if by is not None else self.base).total_seconds()
+        self._deadline = self._current_deadline() + extension
+        if self._on_change is not None:
+            self._on_change(self._deadline)
+
+    def remaining(self) -> timedelta:
+        """Time left before the deadline (never negative)."""
+        return timedelta(seconds=max(self._current_deadline() - self._now(), 0.0))
+
+    def expired(self) -> bool:
+        return self._current_deadline() <= self._now()
+
+    def __repr__(self) -> str:
+        return f"Timeout({self.base!r})"
+
+
+# -- concurrency -------------------------------------------------------------------
+
+
+class ConcurrencyLimit(Dependency):
+    """At most ``max_concurrent`` runs at once, across all workers.
+
+    Per argument value (``ConcurrencyLimit("customer_id", 2)``, or
+    ``Annotated[int, ConcurrencyLimit(2)]`` on the parameter itself), or for
+    the whole task (``ConcurrencyLimit(3)``, ``ConcurrencyLimit(max_concurrent=3)``).
+    Keys are prefixed with ``scope`` (default: the docket's name).
+    """
+
+    single: ClassVar[bool] = True
+    _per_call: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        argument_name: str | int | None = None,
+        max_concurrent: int = 1,
+        scope: str | None = None,
+    ) -> None:
+        if isinstance(argument_name, int) and not isinstance(argument_name, bool):
+            max_concurrent, argument_name = argument_name, None
+        if max_concurrent < 1:
+            raise UsageError("ConcurrencyLimit max_concurrent must be at least 1")
+        self.argument_name = argument_name if isinstance(argument_name, str) else None
+        self.max_concurrent = max_concurrent
+        self.scope = scope
+
+    def _bind_to_parameter(self, parameter: str) -> Dependency:
+        bound = _copy(self)
+        bound._describes_argument = True
+        if bound.argument_name is None:
+            bound.argument_name = parameter
+        return bound
+
+    def _check(self, function: Callable[..., Any], parameter: str, top_level: bool) -> None:
+        if not top_level or self.argument_name is None:
+            return
+        parameters = _signature(function).parameters
+        if self.argument_name in parameters:
+            return
+        if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            return
+        raise UsageError(
+            f"ConcurrencyLimit on {self.argument_name!r} but "
+            f"{getattr(function, '__name__', function)} has no such parameter"
+        )
+
+    def _call_policy(
+        self, function_name: str, docket_name: str, arguments: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        prefix = f"{self.scope or docket_name}:concurrency:{function_name}"
+        name = self.argument_name
+        if name is None:
+            key = prefix
+        else:
+            try:
+                value = arguments[name]
+            except KeyError:
+                raise UsageError(
+                    f"ConcurrencyLimit on {name!r} but the call has no such argument"
+                ) from None
+            key = f"{prefix}:{name}:{value!r}"
+        return {"concurrency": ConcurrencyPolicy(limit_key=key, max_concurrent=self.max_concurrent)}
+
+    def __repr__(self) -> str:
+        return (
+            f"ConcurrencyLimit({self.argument_name!r}, max_concurrent={self.max_concurrent}, "
+            f"scope={self.scope!r})"
+        )
+
+
+# -- progress ----------------------------------------------------------------------
+
+
+class Progress(Dependency):
+    """Report the task's progress: ``current`` of ``total`` plus a ``message``."""
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.total = 100
+        self.message: str | None = None
+        self._report: Callable[..., Any] | None = None
+
+    def _cache_key(self) -> object | None:
+        return Progress
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        injected = _copy(self)
+        injected._report = run.context.report_progress
+        return injected
+
+    async def set_total(self, total: int) -> None:
+        if total < 1:
+            raise UsageError("progress total must be at least 1")
+        self.total = total
+        if self._report is not None:
+            await self._report(total=total)
+
+    async def set_current(self, current: int) -> None:
+        self.current = current
+        if self._report is not None:
+            await self._report(current=current)
+
+    async def increment(self, amount: int = 1) -> None:
+        if amount < 1:
+            raise UsageError("progress increments must be at least 1")
+        self.current += amount
+        if self._report is not None:
+            await self._report(increment=amount)
+
+    async def set_message(self, message: str | None) -> None:
+        self.message = message
+        if self._report is not None:
+            await self._report(message=message, clear_message=message is None)
+
+    def __repr__(self) -> str:
+        return f"Progress(current={self.current}, total={self.total}, message={self.message!r})"

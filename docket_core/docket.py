@@ -1,0 +1,365 @@
+"""``Docket``: the client API for scheduling, cancelling and inspecting tasks."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar, cast, overload
+
+import attrs
+
+from .adapter import StorageAdapter, adapter_for_url
+from .dependencies import bind_arguments, validate
+from .execution import Execution, to_datetime, to_timestamp
+from .sansio.decisions import plan_add
+from .sansio.effects import Cancel
+from .sansio.errors import StoreError, UsageError
+from .sansio.inputs import Scheduled
+from .sansio.strikes import Operator, StrikeInstruction
+from .sansio.values import Disposition, ExecutionState, ScheduleMode
+from .serialization import dumps_call
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+TaskFunction = Callable[..., Any]
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class RunningExecution:
+    """A task some worker runs right now."""
+
+    execution: Execution
+    worker: str
+    started: datetime
+
+    @property
+    def key(self) -> str:
+        return self.execution.key
+
+    @property
+    def function_name(self) -> str:
+        return self.execution.function_name
+
+    @property
+    def when(self) -> datetime:
+        return self.execution.when
+
+    @property
+    def attempt(self) -> int:
+        return self.execution.attempt
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class WorkerInfo:
+    name: str
+    last_seen: datetime
+    tasks: set[str]
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class DocketSnapshot:
+    taken: datetime
+    total_tasks: int
+    future: list[Execution]
+    running: list[RunningExecution]
+    workers: list[WorkerInfo]
+
+
+class Docket:
+    """A named set of tasks on one store, shared by every producer and worker."""
+
+    def __init__(
+        self,
+        name: str = "docket",
+        url: str | None = None,
+        heartbeat_interval: timedelta = timedelta(seconds=2),
+        missed_heartbeats: int = 5,
+        execution_ttl: timedelta = timedelta(minutes=15),
+        *,
+        adapter: StorageAdapter | None = None,
+    ) -> None:
+        self.name = name
+        self.url = url or os.environ.get("DOCKET_URL") or "memory://"
+        self.heartbeat_interval = heartbeat_interval
+        self.missed_heartbeats = missed_heartbeats
+        self.execution_ttl = execution_ttl
+        self.adapter: StorageAdapter = adapter or adapter_for_url(self.url, name)
+        self.tasks: dict[str, TaskFunction] = {}
+        self._opened = False
+        from .tasks import standard_tasks
+
+        for task in standard_tasks:
+            self.register(cast(TaskFunction, task))
+
+    async def __aenter__(self) -> Docket:
+        if self._opened:
+            raise UsageError("a Docket is not re-entrant")
+        await self.adapter.open()
+        self._opened = True
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._opened = False
+        await self.adapter.close()
+
+    # -- registry ----------------------------------------------------------------
+
+    def register(self, function: TaskFunction, names: Iterable[str] | None = None) -> None:
+        """Make ``function`` runnable by workers under its name (or ``names``)."""
+        validate(function)
+        for name in names or [function.__name__]:
+            self.tasks[name] = function
+
+    def register_collection(self, path: str) -> None:
+        """Register every function of ``"module:attribute"`` (an iterable)."""
+        module_name, _, attribute = path.partition(":")
+        if not attribute:
+            raise UsageError(f"expected 'module:attribute', got {path!r}")
+        module = importlib.import_module(module_name)
+        for function in getattr(module, attribute):
+            self.register(function)
+
+    def _resolve(self, function: TaskFunction | str) -> tuple[TaskFunction, str]:
+        if isinstance(function, str):
+            try:
+                return self.tasks[function], function
+            except KeyError:
+                raise KeyError(f"unknown task {function!r}") from None
+        name = function.__name__
+        if self.tasks.get(name) is not function:
+            self.register(function)
+        return function, name
+
+    # -- scheduling ------------------------------------------------------------------
+
+    @overload
+    def add(
+        self,
+        function: Callable[P, Awaitable[R]] | Callable[P, R],
+        when: datetime | None = None,
+        key: str | None = None,
+    ) -> Callable[P, Awaitable[Execution]]: ...
+
+    @overload
+    def add(
+        self, function: str, when: datetime | None = None, key: str | None = None
+    ) -> Callable[..., Awaitable[Execution]]: ...
+
+    def add(
+        self,
+        function: TaskFunction | str,
+        when: datetime | None = None,
+        key: str | None = None,
+    ) -> Callable[..., Awaitable[Execution]]:
+        """Schedule a call: ``await docket.add(fn, when, key)(*args, **kwargs)``.
+
+        With a ``key`` that is already scheduled, queued or running, nothing
+        changes and the execution says ``ALREADY_SCHEDULED``."""
+        task, name = self._resolve(function)
+
+        async def scheduler(*args: Any, **kwargs: Any) -> Execution:
+            return await self._schedule(task, name, when, key, args, kwargs, ScheduleMode.ADD)
+
+        return scheduler
+
+    @overload
+    def replace(
+        self,
+        function: Callable[P, Awaitable[R]] | Callable[P, R],
+        when: datetime,
+        key: str,
+    ) -> Callable[P, Awaitable[Execution]]: ...
+
+    @overload
+    def replace(
+        self, function: str, when: datetime, key: str
+    ) -> Callable[..., Awaitable[Execution]]: ...
+
+    def replace(
+        self, function: TaskFunction | str, when: datetime, key: str
+    ) -> Callable[..., Awaitable[Execution]]:
+        """Schedule a call under ``key``, superseding whatever is live there."""
+        task, name = self._resolve(function)
+
+        async def scheduler(*args: Any, **kwargs: Any) -> Execution:
+            return await self._schedule(task, name, when, key, args, kwargs, ScheduleMode.REPLACE)
+
+        return scheduler
+
+    async def _schedule(
+        self,
+        task: TaskFunction,
+        name: str,
+        when: datetime | None,
+        key: str | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        mode: ScheduleMode,
+    ) -> Execution:
+        now = time.time()
+        at = now if when is None else to_timestamp(when)
+        key = key or uuid.uuid4().hex
+        execution = Execution(self, task, args, kwargs, key, to_datetime(at), function_name=name)
+        strikes = await self.adapter.strikes()
+        if not strikes.empty and strikes.is_struck(name, bind_arguments(task, args, kwargs)):
+            execution.disposition = Disposition.STRUCK
+            execution.state = ExecutionState.CANCELLED
+            return execution
+        payload = dumps_call(name, args, kwargs)
+        effect = plan_add(key=key, function=name, payload=payload, when=at, mode=mode, now=now)
+        (outcome,) = await self.adapter.execute([effect])
+        if not isinstance(outcome, Scheduled):
+            raise StoreError(f"the store answered {outcome!r} to a schedule")
+        if outcome.accepted:
+            execution.disposition = Disposition.SCHEDULED
+            execution._generation = outcome.generation
+        else:
+            execution.disposition = Disposition.ALREADY_SCHEDULED
+        if outcome.state is not None:
+            execution.state = outcome.state
+        return execution
+
+    async def cancel(self, key: str) -> None:
+        """Cancel ``key`` whatever its stage; a running task is interrupted."""
+        ttl = self.execution_ttl.total_seconds()
+        await self.adapter.execute([Cancel(key=key, now=time.time(), ttl=ttl)])
+
+    async def get_execution(self, key: str) -> Execution | None:
+        """The latest execution of ``key``, or ``None`` if the store has none."""
+        record = await self.adapter.get_record(key)
+        if record is None:
+            return None
+        execution = Execution.from_record(self, record)
+        progress = await self.adapter.get_progress(key)
+        if progress is not None:
+            execution.progress = progress
+        return execution
+
+    # -- strikes ------------------------------------------------------------------------
+
+    async def strike(
+        self,
+        function: TaskFunction | str | None = None,
+        parameter: str | None = None,
+        operator: Operator | str = "==",
+        value: Any = None,
+    ) -> None:
+        """Stop matching calls from being scheduled or run until restored."""
+        await self.adapter.add_strike(
+            self._instruction(function, parameter, operator, value, False)
+        )
+
+    async def restore(
+        self,
+        function: TaskFunction | str | None = None,
+        parameter: str | None = None,
+        operator: Operator | str = "==",
+        value: Any = None,
+    ) -> None:
+        """Lift a strike made with the same arguments."""
+        await self.adapter.add_strike(self._instruction(function, parameter, operator, value, True))
+
+    @staticmethod
+    def _instruction(
+        function: TaskFunction | str | None,
+        parameter: str | None,
+        operator: Operator | str,
+        value: Any,
+        restore: bool,
+    ) -> StrikeInstruction:
+        if function is not None and not isinstance(function, str):
+            function = function.__name__
+        if function is None and parameter is None:
+            raise UsageError("a strike needs a function, a parameter, or both")
+        return StrikeInstruction(
+            function=function,
+            parameter=parameter,
+            operator=Operator(operator),
+            value=value,
+            restore=restore,
+        )
+
+    async def wait_for_strikes_loaded(self) -> None:
+        """Strikes are current once ``__aenter__`` returns; kept for compatibility."""
+
+    # -- inspection ----------------------------------------------------------------------
+
+    async def snapshot(self) -> DocketSnapshot:
+        """Scheduled, queued and running tasks, and the live workers."""
+        from .serialization import loads_call
+
+        now = time.time()
+        raw = await self.adapter.snapshot(now)
+
+        def load(message: Any) -> Execution:
+            try:
+                args, kwargs = loads_call(message.payload)
+            except Exception:
+                args, kwargs = (), {}
+            return Execution(
+                self,
+                self.tasks.get(message.function),
+                args,
+                kwargs,
+                message.key,
+                to_datetime(message.when),
+                message.attempt,
+                function_name=message.function,
+                generation=message.generation,
+            )
+
+        future = [load(m) for m in raw.future]
+        running = [
+            RunningExecution(
+                execution=load(r.message), worker=r.worker, started=to_datetime(r.started)
+            )
+            for r in raw.running
+        ]
+        horizon = self.heartbeat_interval.total_seconds() * self.missed_heartbeats
+        workers = [
+            WorkerInfo(name=w.name, last_seen=to_datetime(w.last_seen), tasks=set(w.tasks))
+            for w in raw.workers
+            if w.last_seen > now - horizon
+        ]
+        return DocketSnapshot(
+            taken=to_datetime(now),
+            total_tasks=len(future) + len(running),
+            future=future,
+            running=running,
+            workers=workers,
+        )
+
+    async def workers(self) -> list[WorkerInfo]:
+        """Workers seen within ``heartbeat_interval * missed_heartbeats``."""
+        horizon = self.heartbeat_interval.total_seconds() * self.missed_heartbeats
+        records = await self.adapter.workers(time.time(), horizon)
+        return [
+            WorkerInfo(name=w.name, last_seen=to_datetime(w.last_seen), tasks=set(w.tasks))
+            for w in records
+        ]
+
+    async def task_workers(self, task_name: str) -> list[WorkerInfo]:
+        """Live workers that can run ``task_name``."""
+        return [w for w in await self.workers() if task_name in w.tasks]
+
+    async def clear(self) -> int:
+        """Cancel every scheduled and queued task; return how many there were."""
+        return await self.adapter.clear(time.time(), self.execution_ttl.total_seconds())
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+__all__ = ["Docket", "DocketSnapshot", "RunningExecution", "WorkerInfo", "utcnow"]

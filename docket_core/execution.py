@@ -1,0 +1,253 @@
+"""``Execution``: a handle on one scheduled call, its state, progress and result."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from .sansio.values import Disposition, ExecutionRecord, ExecutionState, ProgressRecord
+from .serialization import loads_call, loads_value
+
+if TYPE_CHECKING:
+    from .docket import Docket
+
+
+class ExecutionCancelled(Exception):
+    """``get_result`` of an execution that was cancelled."""
+
+
+def to_datetime(timestamp: float) -> datetime:
+    return datetime.fromtimestamp(timestamp, UTC)
+
+
+def to_timestamp(when: datetime) -> float:
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
+
+
+class Execution:
+    """One call of a task function, as scheduled under a key."""
+
+    def __init__(
+        self,
+        docket: Docket,
+        function: Callable[..., Any] | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        key: str,
+        when: datetime,
+        attempt: int = 1,
+        *,
+        function_name: str | None = None,
+        generation: int = 0,
+        redelivered: bool = False,
+        disposition: Disposition = Disposition.LOADED,
+        state: ExecutionState = ExecutionState.SCHEDULED,
+    ) -> None:
+        self._docket = docket
+        self._function = function
+        self._function_name: str = function_name or str(
+            getattr(function, "__name__", "<unknown>")
+        )
+        self._args = args
+        self._kwargs = kwargs
+        self._key = key
+        self._generation = generation
+        self._redelivered = redelivered
+        self.when = when
+        self.attempt = attempt
+        self.disposition = disposition
+        self.state = state
+        self.worker: str | None = None
+        self.started_at: datetime | None = None
+        self.completed_at: datetime | None = None
+        self.error: str | None = None
+        self.progress = ProgressRecord()
+        self._result: bytes | None = None
+
+    # -- identity --------------------------------------------------------------
+
+    @property
+    def docket(self) -> Docket:
+        return self._docket
+
+    @property
+    def function(self) -> Callable[..., Any] | None:
+        return self._function
+
+    @property
+    def function_name(self) -> str:
+        return self._function_name
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        return self._args
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return self._kwargs
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def redelivered(self) -> bool:
+        return self._redelivered
+
+    def get_argument(self, name: str) -> Any:
+        """The call's argument for parameter ``name``."""
+        from .dependencies import bind_arguments
+
+        if self._function is None:
+            return self._kwargs[name]
+        return bind_arguments(self._function, self._args, self._kwargs)[name]
+
+    def call_repr(self) -> str:
+        from .dependencies import call_repr
+
+        if self._function is None:
+            return f"{self._function_name}(...)"
+        return call_repr(self._function, self._function_name, self._args, self._kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Execution {self._key} {self._function_name} {self.state.value}>"
+
+    # -- loading -----------------------------------------------------------------
+
+    @classmethod
+    def from_record(cls, docket: Docket, record: ExecutionRecord) -> Execution:
+        """Rebuild an execution from what the store keeps about its key."""
+        try:
+            args, kwargs = loads_call(record.payload)
+        except Exception:
+            args, kwargs = (), {}
+        execution = cls(
+            docket,
+            docket.tasks.get(record.function),
+            args,
+            kwargs,
+            record.key,
+            to_datetime(record.when),
+            record.attempt,
+            function_name=record.function,
+            generation=record.generation,
+        )
+        execution._apply(record)
+        return execution
+
+    def _apply(self, record: ExecutionRecord) -> None:
+        self.state = record.state
+        self.attempt = record.attempt
+        self.when = to_datetime(record.when)
+        self._generation = record.generation
+        self.worker = record.worker
+        self.started_at = to_datetime(record.started_at) if record.started_at else None
+        self.completed_at = to_datetime(record.completed_at) if record.completed_at else None
+        self.error = record.error
+        self._result = record.result
+
+    async def sync(self) -> None:
+        """Reload state and progress from the store."""
+        record = await self._docket.adapter.get_record(self._key)
+        if record is not None:
+            self._apply(record)
+        progress = await self._docket.adapter.get_progress(self._key)
+        if progress is not None:
+            self.progress = progress
+
+    def _apply_event(self, event: dict[str, Any]) -> None:
+        if event.get("type") == "state":
+            self.state = ExecutionState(event["state"])
+            if event.get("worker"):
+                self.worker = event["worker"]
+            if event.get("started_at"):
+                self.started_at = to_datetime(event["started_at"])
+            if event.get("completed_at"):
+                self.completed_at = to_datetime(event["completed_at"])
+            if "error" in event:
+                self.error = event["error"]
+        elif event.get("type") == "progress":
+            self.progress = ProgressRecord(
+                current=event["current"],
+                total=event["total"],
+                message=event.get("message"),
+                updated_at=event.get("updated_at"),
+            )
+
+    # -- events and results ----------------------------------------------------------
+
+    async def subscribe(self) -> AsyncIterator[dict[str, Any]]:
+        """Yield the current state and progress, then every live event."""
+        async with self._docket.adapter.subscribe(self._key) as events:
+            await self.sync()
+            yield self._state_snapshot()
+            yield self._progress_snapshot()
+            async for event in events:
+                self._apply_event(event)
+                yield event
+
+    def _state_snapshot(self) -> dict[str, Any]:
+        event: dict[str, Any] = {"type": "state", "key": self._key, "state": self.state.value}
+        if self.worker:
+            event["worker"] = self.worker
+        if self.error:
+            event["error"] = self.error
+        return event
+
+    def _progress_snapshot(self) -> dict[str, Any]:
+        p = self.progress
+        return {
+            "type": "progress",
+            "key": self._key,
+            "current": p.current,
+            "total": p.total,
+            "message": p.message,
+            "updated_at": p.updated_at,
+        }
+
+    async def get_result(
+        self, *, timeout: timedelta | None = None, deadline: datetime | None = None
+    ) -> Any:
+        """Wait for the execution to end; return its result or raise its error.
+
+        Raises ``ExecutionCancelled`` for a cancelled execution and
+        ``TimeoutError`` when it has not ended by ``timeout``/``deadline``."""
+        seconds = math.inf
+        if timeout is not None:
+            seconds = timeout.total_seconds()
+        if deadline is not None:
+            seconds = min(seconds, to_timestamp(deadline) - datetime.now(UTC).timestamp())
+        with anyio.move_on_after(max(seconds, 0)):
+            async with self._docket.adapter.subscribe(self._key) as events:
+                await self.sync()
+                if not self.state.terminal:
+                    async for event in events:
+                        self._apply_event(event)
+                        if self.state.terminal:
+                            await self.sync()
+                            break
+                return self._outcome()
+        raise TimeoutError(f"execution {self._key} did not finish in time")
+
+    def _outcome(self) -> Any:
+        if self.state is ExecutionState.CANCELLED:
+            raise ExecutionCancelled(f"execution {self._key} was cancelled")
+        if self.state is ExecutionState.FAILED:
+            if self._result is not None:
+                error = loads_value(self._result)
+                if isinstance(error, BaseException):
+                    raise error
+            raise Exception(self.error or "the task failed")
+        if self._result is not None:
+            return loads_value(self._result)
+        return None

@@ -1,0 +1,184 @@
+"""Effects: what the core asks the world to do.
+
+Two families.  *Store effects* are small transactions with a condition, decided
+by the core and carried out atomically by a storage adapter; each one comes back
+as exactly one outcome input (``docket_core.sansio.inputs``), in order.  *Runtime
+effects* are for the worker runtime itself: start or cancel a task function.
+
+Effects carry no behaviour; adapters dispatch on their type.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .values import ExecutionState, ScheduleMode, TaskMessage
+
+
+class Effect:
+    """Base of every effect."""
+
+    __slots__ = ()
+
+
+class StoreEffect(Effect):
+    """An effect a storage adapter carries out, reporting one outcome."""
+
+    __slots__ = ()
+
+
+class RuntimeEffect(Effect):
+    """An effect the worker runtime carries out itself."""
+
+    __slots__ = ()
+
+
+# -- store effects -----------------------------------------------------------
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Schedule(StoreEffect):
+    """Store ``message`` to run at ``message.when``.
+
+    Contract, atomically:
+
+    - ``ADD``: only if the key has no scheduled, queued or running execution;
+      otherwise change nothing and report ``accepted=False``.
+    - ``REPLACE``: remove any scheduled or queued message of the key, bump the
+      key's generation (so any message still in flight is superseded), store.
+    - ``expect_generation``: if set, do nothing unless the key's current
+      generation equals it (a stale predecessor never clobbers its successor);
+      the acknowledgement below still happens.
+    - ``acknowledge``: the delivery to acknowledge in the same step (a retry or
+      the next run of a perpetual task replaces the message it came from).
+
+    A message whose ``when <= now`` is queued at once; a later one is scheduled.
+    The new generation is ``previous + 1``.  A state event is published.
+    """
+
+    message: TaskMessage
+    mode: ScheduleMode
+    now: float
+    acknowledge: str | None = None
+    expect_generation: int | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Cancel(StoreEffect):
+    """Cancel ``key`` whatever its stage: remove its scheduled or queued message,
+    bump its generation so no copy in flight may start, mark it cancelled
+    (unless already terminal), publish a state event and a cancellation signal
+    to workers.  The record then lives ``ttl`` seconds (0: deleted)."""
+
+    key: str
+    now: float
+    ttl: float
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ClaimItem:
+    delivery_id: str
+    key: str
+    generation: int
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Claim(StoreEffect):
+    """Per item, atomically: if ``generation`` is still the key's current one and
+    the key is not cancelled, mark it running on ``worker`` (state event);
+    otherwise acknowledge the delivery so it is never handed out again."""
+
+    worker: str
+    items: tuple[ClaimItem, ...]
+    now: float
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Finish(StoreEffect):
+    """Record the end of a run and acknowledge its delivery, as one step.
+
+    The record is written only while ``generation`` is the key's current one
+    (a superseded run leaves its successor alone); the delivery is acknowledged
+    in any case.  ``result`` is kept with the record for ``ttl`` seconds;
+    ``ttl == 0`` deletes the record.  A state event is published."""
+
+    delivery_id: str
+    key: str
+    generation: int
+    state: ExecutionState
+    now: float
+    ttl: float
+    error: str | None = None
+    result: bytes | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class RenewLeases(StoreEffect):
+    """Keep ``worker``'s deliveries (and concurrency slots) owned as of ``now``.
+
+    Reports the deliveries that are no longer this worker's (taken over by
+    another worker after the lease ran out, or gone)."""
+
+    worker: str
+    delivery_ids: tuple[str, ...]
+    slots: tuple[tuple[str, str], ...]
+    now: float
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class AcquireSlot(StoreEffect):
+    """Take one of ``max_concurrent`` slots of ``limit_key`` for ``holder``.
+
+    Atomically: if a slot is free, take it; else if a slot's holder has not
+    renewed it for ``stale_after`` seconds, take that one over; else park the
+    delivery: acknowledge it and put its message at the tail of the limit's
+    waiters (state event: scheduled), to be queued again by a release."""
+
+    limit_key: str
+    holder: str
+    max_concurrent: int
+    now: float
+    stale_after: float
+    delivery_id: str
+    message: TaskMessage
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ReleaseSlot(StoreEffect):
+    """Remove ``holder``'s slot of ``limit_key`` and queue the oldest waiter."""
+
+    limit_key: str
+    holder: str
+    now: float
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Heartbeat(StoreEffect):
+    """Announce ``worker`` (and the tasks it can run) as alive at ``now``, or,
+    with ``leaving``, remove it from the list of workers."""
+
+    worker: str
+    tasks: tuple[str, ...]
+    now: float
+    leaving: bool = False
+
+
+# -- runtime effects ---------------------------------------------------------
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class StartTask(RuntimeEffect):
+    """Run the task function of this delivery."""
+
+    delivery_id: str
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class CancelTask(RuntimeEffect):
+    """Cancel the running task function of this delivery.
+
+    ``reason`` is ``"timeout"``, ``"cancelled"`` (someone cancelled the key) or
+    ``"lease-lost"`` (another worker owns the message now)."""
+
+    delivery_id: str
+    reason: str

@@ -1,0 +1,192 @@
+"""Inputs: what the world tells the core.
+
+Three families: deliveries and task results reported by the runtime, clock
+ticks and shutdown, and the *outcomes* of store effects.  An outcome the store
+reports (a claim that lost to a newer generation, a parked slot request, a
+lease another worker took over) is an input like any other, never an
+exception.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from .values import Delivery, ExecutionState, TaskPolicy
+
+
+class Input:
+    """Base of every input."""
+
+    __slots__ = ()
+
+
+class Outcome(Input):
+    """What a store effect did; adapters return one per effect, in order."""
+
+    __slots__ = ()
+
+
+# -- from the runtime --------------------------------------------------------
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Arrival:
+    """A delivery, prepared by the runtime for the core.
+
+    ``problem`` says why it cannot run at all (unknown task, arguments that
+    cannot be unpickled); ``struck`` says a strike matches it."""
+
+    delivery: Delivery
+    policy: TaskPolicy
+    problem: str | None = None
+    struck: bool = False
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Delivered(Input):
+    """The store handed these deliveries to this worker."""
+
+    arrivals: tuple[Arrival, ...]
+    now: float
+
+
+class TaskOutcome(enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    #: cancelled by a ``CancelTask`` or by shutdown; never retried or perpetuated
+    CANCELLED = "cancelled"
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class FollowUp:
+    """What the task function asked for about its own future, through its
+    ``Retry``/``Perpetual`` dependencies."""
+
+    #: ``retry.in_``/``retry.at``: retry at this time (bounded by attempts)
+    retry_at: float | None = None
+    #: ``perpetual.cancel()`` was called: the chain ends here
+    perpetual_cancelled: bool = False
+    #: ``perpetual.at``/``after``: the next run's time instead of the interval
+    perpetual_at: float | None = None
+    #: ``perpetual.perpetuate(...)``: the next run's pickled arguments
+    perpetual_payload: bytes | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class TaskEnded(Input):
+    """A task function returned, raised or was cancelled.
+
+    ``error`` is ``"Type: message"``; ``result`` the pickled return value (or
+    exception) to keep, or ``None``."""
+
+    delivery_id: str
+    now: float
+    outcome: TaskOutcome
+    error: str | None = None
+    result: bytes | None = None
+    follow_up: FollowUp | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class CancelRequested(Input):
+    """Someone cancelled ``key``; stop it if it runs here."""
+
+    key: str
+    now: float
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class DeadlineExtended(Input):
+    """``Timeout.extend``: the running task's deadline is now ``deadline``."""
+
+    delivery_id: str
+    deadline: float
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Tick(Input):
+    """The runtime's timer fired (or it simply wants the core to look at ``now``)."""
+
+    now: float
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ShutdownRequested(Input):
+    """Stop taking work; finish what runs, then say goodbye to the store."""
+
+    now: float
+
+
+# -- outcomes of store effects ----------------------------------------------
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Scheduled(Outcome):
+    """Outcome of ``Schedule``: ``accepted`` false when an ``ADD`` met a live
+    key, or an ``expect_generation`` did not match."""
+
+    key: str
+    accepted: bool
+    generation: int
+    state: ExecutionState | None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class CancelDone(Outcome):
+    """Outcome of ``Cancel``: the state the key was in, if any."""
+
+    key: str
+    previous: ExecutionState | None
+
+
+class ClaimVerdict(enum.Enum):
+    CLAIMED = "claimed"
+    #: a newer generation of the key exists (replace, retry, cancel)
+    SUPERSEDED = "superseded"
+    #: the key was cancelled
+    CANCELLED = "cancelled"
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ClaimDone(Outcome):
+    """Outcome of ``Claim``: one verdict per item, in order."""
+
+    verdicts: tuple[tuple[str, ClaimVerdict], ...]
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class FinishDone(Outcome):
+    """Outcome of ``Finish``: ``recorded`` false when a newer generation won."""
+
+    delivery_id: str
+    recorded: bool
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class LeasesRenewed(Outcome):
+    """Outcome of ``RenewLeases``: deliveries this worker no longer owns."""
+
+    lost: tuple[str, ...] = ()
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class SlotDone(Outcome):
+    """Outcome of ``AcquireSlot``: acquired, or parked among the waiters."""
+
+    delivery_id: str
+    acquired: bool
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class SlotReleased(Outcome):
+    """Outcome of ``ReleaseSlot``: how many waiters were queued again."""
+
+    limit_key: str
+    woken: int
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class HeartbeatDone(Outcome):
+    """Outcome of ``Heartbeat``."""

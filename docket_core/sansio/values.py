@@ -1,0 +1,189 @@
+"""Plain values shared by the core, the runtime and every storage adapter.
+
+Nothing here has behaviour beyond construction: these are the nouns of docket.
+Times are floats of seconds since the epoch (wall clock), because a task's
+``when`` must mean the same instant to every process that shares a docket.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+
+class ExecutionState(enum.Enum):
+    """Where an execution stands, as users (and ``Execution.state``) see it."""
+
+    #: waiting for its ``when`` in the future queue (or parked behind a limit)
+    SCHEDULED = "scheduled"
+    #: due, waiting for a worker to pick it up
+    QUEUED = "queued"
+    #: a worker has claimed it and runs the task function
+    RUNNING = "running"
+    #: the task returned
+    COMPLETED = "completed"
+    #: the task raised and no retry was due
+    FAILED = "failed"
+    #: cancelled, struck, or superseded before it finished
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({ExecutionState.COMPLETED, ExecutionState.FAILED, ExecutionState.CANCELLED})
+LIVE_STATES = frozenset({ExecutionState.SCHEDULED, ExecutionState.QUEUED, ExecutionState.RUNNING})
+
+
+class Disposition(enum.Enum):
+    """What a call to ``add``/``replace`` did."""
+
+    #: not produced by add/replace (loaded from the store)
+    LOADED = "loaded"
+    #: stored; it will run
+    SCHEDULED = "scheduled"
+    #: ``add`` with a key that is already scheduled, queued or running: nothing changed
+    ALREADY_SCHEDULED = "already_scheduled"
+    #: a strike matched; nothing was stored
+    STRUCK = "struck"
+
+
+class ScheduleMode(enum.Enum):
+    """How a ``Schedule`` effect treats an existing live execution of the same key."""
+
+    #: only if the key is not scheduled, queued or running
+    ADD = "add"
+    #: supersede whatever is live: exactly one live execution remains
+    REPLACE = "replace"
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class TaskMessage:
+    """One request to run a function: what travels through the store.
+
+    ``payload`` holds ``(args, kwargs)`` as pickled by the producer; the core
+    never looks inside it.  ``generation`` is assigned by the store when the
+    message is scheduled: a delivery whose generation is no longer the key's
+    current one has been superseded and must not run.
+    """
+
+    key: str
+    function: str
+    payload: bytes
+    when: float
+    attempt: int = 1
+    generation: int = 0
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Delivery:
+    """A message handed to one worker, identified by the store's delivery id."""
+
+    delivery_id: str
+    message: TaskMessage
+    #: true when the store handed this message out before (a worker stopped renewing)
+    redelivered: bool = False
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class RetryPolicy:
+    """``Retry``/``ExponentialRetry`` reduced to numbers.
+
+    ``attempts`` is the total number of attempts (``None`` retries forever).
+    The delay before attempt ``n + 1`` is ``delay * 2 ** (n - 1)`` capped at
+    ``maximum_delay`` when ``exponential``, else ``delay``.
+    """
+
+    attempts: int | None
+    delay: float
+    exponential: bool = False
+    maximum_delay: float = 0.0
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class PerpetualPolicy:
+    """``Perpetual(every, automatic)`` reduced to numbers."""
+
+    every: float
+    automatic: bool = False
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ConcurrencyPolicy:
+    """A resolved ``ConcurrencyLimit``: the store key of the limit and its size."""
+
+    limit_key: str
+    max_concurrent: int
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class TaskPolicy:
+    """Everything the core needs to know about a task function to drive it."""
+
+    retry: RetryPolicy | None = None
+    perpetual: PerpetualPolicy | None = None
+    timeout: float | None = None
+    concurrency: ConcurrencyPolicy | None = None
+
+
+NO_POLICY = TaskPolicy()
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ExecutionRecord:
+    """What the store knows about one key: its latest execution."""
+
+    key: str
+    function: str
+    payload: bytes
+    when: float
+    attempt: int
+    generation: int
+    state: ExecutionState
+    worker: str | None = None
+    started_at: float | None = None
+    completed_at: float | None = None
+    error: str | None = None
+    #: the pickled return value or exception, when one was kept
+    result: bytes | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ProgressRecord:
+    """A running task's progress as reported through ``Progress``."""
+
+    current: int = 0
+    total: int = 100
+    message: str | None = None
+    updated_at: float | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class WorkerRecord:
+    """A live worker as seen through its heartbeats."""
+
+    name: str
+    last_seen: float
+    tasks: frozenset[str]
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class RunningRecord:
+    """A message some worker holds right now."""
+
+    message: TaskMessage
+    worker: str
+    started: float
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class StoreSnapshot:
+    """The raw material of ``Docket.snapshot()``."""
+
+    taken: float
+    #: scheduled or queued messages, soonest first
+    future: tuple[TaskMessage, ...]
+    running: tuple[RunningRecord, ...]
+    workers: tuple[WorkerRecord, ...]

@@ -1,0 +1,421 @@
+"""The worker machine: every delivery a worker holds, its leases, slots and
+deadlines, as one pure state machine.
+
+The runtime feeds it inputs (``receive``) and the outcomes of the store effects
+it ran (``store_replied``), drains the effects it produced (``effects``), and
+keeps one timer armed at ``next_deadline()``, calling ``receive(Tick(now))``
+when it fires.  Phase changes of each delivery go through
+``lifecycle.advance``; this module decides which step an input is.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import attrs
+
+from . import lifecycle
+from .decisions import plan_end, plan_reject
+from .effects import (
+    AcquireSlot,
+    CancelTask,
+    Claim,
+    ClaimItem,
+    Effect,
+    Finish,
+    Heartbeat,
+    ReleaseSlot,
+    RenewLeases,
+    Schedule,
+    StartTask,
+    StoreEffect,
+)
+from .errors import UsageError
+from .inputs import (
+    Arrival,
+    CancelRequested,
+    ClaimDone,
+    ClaimVerdict,
+    DeadlineExtended,
+    Delivered,
+    FinishDone,
+    Input,
+    LeasesRenewed,
+    Outcome,
+    Scheduled,
+    ShutdownRequested,
+    SlotDone,
+    TaskEnded,
+    TaskOutcome,
+    Tick,
+)
+from .lifecycle import Phase, Step
+from .values import TaskMessage, TaskPolicy
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class WorkerConfig:
+    """A worker's settings, in seconds."""
+
+    name: str
+    concurrency: int = 10
+    redelivery_timeout: float = 300.0
+    heartbeat_interval: float = 2.0
+    execution_ttl: float = 900.0
+    tasks: tuple[str, ...] = ()
+
+    def __attrs_post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise UsageError("a worker's concurrency must be at least 1")
+        if self.redelivery_timeout <= 0:
+            raise UsageError("redelivery_timeout must be positive")
+        if self.heartbeat_interval <= 0:
+            raise UsageError("heartbeat_interval must be positive")
+
+    @property
+    def renew_interval(self) -> float:
+        return self.redelivery_timeout / 4
+
+
+@attrs.define(slots=True, kw_only=True)
+class InFlight:
+    """One delivery held by this worker."""
+
+    delivery_id: str
+    message: TaskMessage
+    policy: TaskPolicy
+    phase: Phase = Phase.ARRIVED
+    problem: str | None = None
+    started_at: float = 0.0
+    deadline: float | None = None
+    #: the concurrency slot this delivery holds (limit key), once acquired
+    slot: str | None = None
+    #: why the runtime was asked to cancel the task function
+    cancel_reason: str | None = None
+
+
+class WorkerMachine:
+    """The decisions of one worker, fed by its runtime."""
+
+    def __init__(self, config: WorkerConfig, now: float) -> None:
+        self.config = config
+        self.in_flight: dict[str, InFlight] = {}
+        self.counters: Counter[str] = Counter()
+        self._effects: list[Effect] = []
+        self._next_renewal = now + config.renew_interval
+        self._next_heartbeat = now
+        self._timeouts = 0
+        self.accepting = True
+        self.said_goodbye = False
+
+    # -- queries -------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """How many more deliveries this worker may take now."""
+        if not self.accepting:
+            return 0
+        return max(self.config.concurrency - len(self.in_flight), 0)
+
+    @property
+    def idle(self) -> bool:
+        return not self.in_flight
+
+    def holder(self, delivery_id: str) -> str:
+        """The slot holder identity of a delivery: unique per worker and delivery,
+        so a redelivered copy elsewhere never counts as the same holder."""
+        return f"{self.config.name}/{delivery_id}"
+
+    def next_deadline(self) -> float | None:
+        """When the runtime must call back with ``Tick``."""
+        if self.said_goodbye:
+            return None
+        deadline = self._next_heartbeat
+        if self.in_flight:
+            deadline = min(deadline, self._next_renewal)
+        if self._timeouts:
+            for flight in self.in_flight.values():
+                if flight.deadline is not None and flight.phase is Phase.RUNNING:
+                    deadline = min(deadline, flight.deadline)
+        return deadline
+
+    def effects(self) -> list[Effect]:
+        """Drain the effects produced so far (swap and return)."""
+        effects, self._effects = self._effects, []
+        return effects
+
+    # -- inputs --------------------------------------------------------------
+
+    def receive(self, event: Input) -> None:
+        """Take one input from the runtime."""
+        if type(event) is TaskEnded:
+            self._task_ended(event)
+        elif type(event) is Delivered:
+            self._delivered(event)
+        elif type(event) is Tick:
+            self._tick(event.now)
+        elif type(event) is CancelRequested:
+            self._cancel_requested(event)
+        elif type(event) is DeadlineExtended:
+            flight = self.in_flight.get(event.delivery_id)
+            if flight is not None and flight.phase is Phase.RUNNING:
+                if flight.deadline is None:
+                    self._timeouts += 1
+                flight.deadline = event.deadline
+        elif type(event) is ShutdownRequested:
+            self.accepting = False
+            self._maybe_goodbye(event.now)
+        else:
+            raise TypeError(f"not an input the worker machine takes: {event!r}")
+
+    def store_replied(
+        self, effects: Sequence[StoreEffect], outcomes: Sequence[Outcome], now: float
+    ) -> None:
+        """Take the outcomes of store effects this machine produced, in order."""
+        for effect, outcome in zip(effects, outcomes, strict=True):
+            kind = type(outcome)
+            if kind is FinishDone or kind is Scheduled:
+                self._recorded(effect, now)
+            elif kind is ClaimDone:
+                assert isinstance(outcome, ClaimDone)
+                self._claimed(outcome, now)
+            elif kind is SlotDone:
+                assert isinstance(outcome, SlotDone)
+                self._slot(outcome, now)
+            elif kind is LeasesRenewed:
+                assert isinstance(outcome, LeasesRenewed)
+                for delivery_id in outcome.lost:
+                    self._lease_lost(delivery_id)
+        self._maybe_goodbye(now)
+
+    # -- handlers ------------------------------------------------------------
+
+    def _delivered(self, event: Delivered) -> None:
+        claims: list[ClaimItem] = []
+        for arrival in event.arrivals:
+            delivery = arrival.delivery
+            if delivery.delivery_id in self.in_flight:
+                continue  # already ours (a redelivery to the same worker)
+            flight = InFlight(
+                delivery_id=delivery.delivery_id,
+                message=delivery.message,
+                policy=arrival.policy,
+                problem=arrival.problem,
+            )
+            self.in_flight[delivery.delivery_id] = flight
+            self.counters["redelivered" if delivery.redelivered else "delivered"] += 1
+            if arrival.problem is not None or arrival.struck:
+                self._reject(flight, arrival, event.now)
+                continue
+            flight.phase = lifecycle.advance(flight.phase, Step.CLAIM)
+            claims.append(
+                ClaimItem(
+                    delivery_id=delivery.delivery_id,
+                    key=delivery.message.key,
+                    generation=delivery.message.generation,
+                )
+            )
+        if claims:
+            self._effects.append(Claim(worker=self.config.name, items=tuple(claims), now=event.now))
+
+    def _reject(self, flight: InFlight, arrival: Arrival, now: float) -> None:
+        flight.phase = lifecycle.advance(flight.phase, Step.REJECT)
+        self.counters["failed" if arrival.problem is not None else "struck"] += 1
+        self._effects.append(
+            plan_reject(
+                delivery_id=flight.delivery_id,
+                message=flight.message,
+                now=now,
+                execution_ttl=self.config.execution_ttl,
+                problem=arrival.problem,
+            )
+        )
+
+    def _claimed(self, outcome: ClaimDone, now: float) -> None:
+        for delivery_id, verdict in outcome.verdicts:
+            flight = self.in_flight.get(delivery_id)
+            if flight is None:
+                continue
+            if verdict is not ClaimVerdict.CLAIMED:
+                self.counters[verdict.value] += 1
+                flight.phase = lifecycle.advance(flight.phase, Step.CLAIM_LOST)
+                del self.in_flight[delivery_id]
+                continue
+            limit = flight.policy.concurrency
+            if limit is None:
+                self._start(flight, Step.CLAIMED, now)
+                continue
+            flight.phase = lifecycle.advance(flight.phase, Step.CLAIMED_LIMITED)
+            self._effects.append(
+                AcquireSlot(
+                    limit_key=limit.limit_key,
+                    holder=self.holder(delivery_id),
+                    max_concurrent=limit.max_concurrent,
+                    now=now,
+                    stale_after=self.config.redelivery_timeout,
+                    delivery_id=delivery_id,
+                    message=flight.message,
+                )
+            )
+
+    def _slot(self, outcome: SlotDone, now: float) -> None:
+        flight = self.in_flight.get(outcome.delivery_id)
+        if flight is None:
+            return
+        if outcome.acquired:
+            assert flight.policy.concurrency is not None
+            flight.slot = flight.policy.concurrency.limit_key
+            if flight.cancel_reason == "cancelled":
+                # cancelled while it waited for the slot: it never starts
+                flight.phase = lifecycle.advance(flight.phase, Step.SLOT_ACQUIRED)
+                self._task_ended(
+                    TaskEnded(
+                        delivery_id=flight.delivery_id, now=now, outcome=TaskOutcome.CANCELLED
+                    )
+                )
+                return
+            self._start(flight, Step.SLOT_ACQUIRED, now)
+        else:
+            self.counters["parked"] += 1
+            flight.phase = lifecycle.advance(flight.phase, Step.SLOT_PARKED)
+            del self.in_flight[outcome.delivery_id]
+
+    def _start(self, flight: InFlight, step: Step, now: float) -> None:
+        flight.phase = lifecycle.advance(flight.phase, step)
+        flight.started_at = now
+        if flight.policy.timeout is not None:
+            flight.deadline = now + flight.policy.timeout
+            self._timeouts += 1
+        self.counters["started"] += 1
+        self._effects.append(StartTask(delivery_id=flight.delivery_id))
+
+    def _task_ended(self, event: TaskEnded) -> None:
+        flight = self.in_flight.get(event.delivery_id)
+        if flight is None:
+            raise UsageError(f"no task runs for delivery {event.delivery_id!r}")
+        if flight.deadline is not None:
+            self._timeouts -= 1
+            flight.deadline = None
+        release = self._release(flight, event.now)
+        if flight.phase is Phase.ABANDONING:
+            flight.phase = lifecycle.advance(flight.phase, Step.ENDED)
+            del self.in_flight[event.delivery_id]
+            self.counters["abandoned"] += 1
+            if release is not None:
+                self._effects.append(release)
+            return
+        outcome, error = event.outcome, event.error
+        if flight.cancel_reason == "timeout" and outcome is TaskOutcome.CANCELLED:
+            outcome = TaskOutcome.FAILED
+            error = f"TimeoutError: task exceeded its timeout of {flight.policy.timeout}s"
+        flight.phase = lifecycle.advance(flight.phase, Step.ENDED)
+        effect = plan_end(
+            delivery_id=flight.delivery_id,
+            message=flight.message,
+            policy=flight.policy,
+            ended=event,
+            outcome=outcome,
+            error=error,
+            started_at=flight.started_at,
+            execution_ttl=self.config.execution_ttl,
+        )
+        if isinstance(effect, Schedule):
+            retrying = effect.message.attempt > flight.message.attempt
+            self.counters["retried" if retrying else "perpetuated"] += 1
+        else:
+            self.counters[outcome.value] += 1
+        # release first: a woken waiter gets the slot in the same round trip
+        if release is not None:
+            self._effects.append(release)
+        self._effects.append(effect)
+
+    def _release(self, flight: InFlight, now: float) -> ReleaseSlot | None:
+        if flight.slot is None:
+            return None
+        release = ReleaseSlot(
+            limit_key=flight.slot, holder=self.holder(flight.delivery_id), now=now
+        )
+        flight.slot = None
+        return release
+
+    def _recorded(self, effect: StoreEffect, now: float) -> None:
+        if isinstance(effect, Finish):
+            delivery_id: str | None = effect.delivery_id
+        elif isinstance(effect, Schedule):
+            delivery_id = effect.acknowledge
+        else:
+            return
+        flight = self.in_flight.get(delivery_id) if delivery_id else None
+        if flight is None or flight.phase is not Phase.FINISHING:
+            return
+        flight.phase = lifecycle.advance(flight.phase, Step.RECORDED)
+        del self.in_flight[flight.delivery_id]
+
+    def _cancel_requested(self, event: CancelRequested) -> None:
+        for flight in list(self.in_flight.values()):
+            if flight.message.key != event.key:
+                continue
+            was_running = flight.phase is Phase.RUNNING
+            if flight.phase is Phase.ADMITTING:
+                flight.cancel_reason = "cancelled"
+            flight.phase = lifecycle.advance(flight.phase, Step.CANCEL)
+            if was_running:
+                flight.cancel_reason = "cancelled"
+                self._effects.append(CancelTask(delivery_id=flight.delivery_id, reason="cancelled"))
+
+    def _lease_lost(self, delivery_id: str) -> None:
+        flight = self.in_flight.get(delivery_id)
+        if flight is None:
+            return
+        was_executing = flight.phase in lifecycle.EXECUTING
+        flight.phase = lifecycle.advance(flight.phase, Step.LEASE_LOST)
+        self.counters["lease_lost"] += 1
+        if was_executing and flight.cancel_reason != "lease-lost":
+            flight.cancel_reason = "lease-lost"
+            self._effects.append(CancelTask(delivery_id=delivery_id, reason="lease-lost"))
+
+    def _tick(self, now: float) -> None:
+        if self._timeouts:
+            for flight in self.in_flight.values():
+                if (
+                    flight.phase is Phase.RUNNING
+                    and flight.deadline is not None
+                    and flight.deadline <= now
+                ):
+                    flight.phase = lifecycle.advance(flight.phase, Step.TIMEOUT)
+                    flight.cancel_reason = "timeout"
+                    self.counters["timed_out"] += 1
+                    self._effects.append(
+                        CancelTask(delivery_id=flight.delivery_id, reason="timeout")
+                    )
+        if self.in_flight and now >= self._next_renewal:
+            self._renew(now)
+        elif not self.in_flight and now >= self._next_renewal:
+            self._next_renewal = now + self.config.renew_interval
+        if now >= self._next_heartbeat and not self.said_goodbye:
+            self._next_heartbeat = now + self.config.heartbeat_interval
+            if self.accepting:
+                self._effects.append(
+                    Heartbeat(worker=self.config.name, tasks=self.config.tasks, now=now)
+                )
+
+    def _renew(self, now: float) -> None:
+        self._next_renewal = now + self.config.renew_interval
+        held = tuple(f.delivery_id for f in self.in_flight.values() if f.phase in lifecycle.HOLDING)
+        slots = tuple(
+            (f.slot, self.holder(f.delivery_id))
+            for f in self.in_flight.values()
+            if f.slot is not None
+        )
+        if held or slots:
+            self._effects.append(
+                RenewLeases(worker=self.config.name, delivery_ids=held, slots=slots, now=now)
+            )
+
+    def _maybe_goodbye(self, now: float) -> None:
+        if not self.accepting and not self.in_flight and not self.said_goodbye:
+            self.said_goodbye = True
+            self._effects.append(
+                Heartbeat(worker=self.config.name, tasks=self.config.tasks, now=now, leaving=True)
+            )

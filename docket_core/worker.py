@@ -1,0 +1,426 @@
+"""``Worker``: the anyio runtime that drives a ``WorkerMachine`` and runs tasks.
+
+Four loops share one task group: the *reader* asks the store for deliveries
+while the machine has capacity; the *flusher* drains the machine's effects,
+hands all store effects of a round to the adapter in one call and feeds the
+outcomes back; the *timer* sleeps until the machine's next deadline and ticks
+it; the *listener* turns cancellation signals into inputs.  Task functions run
+in their own cancel scopes, shielded from the worker's own cancellation so a
+stopping worker drains them instead of killing them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import timedelta
+from functools import partial
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from . import dependencies
+from .dependencies import ForcedRetry, TaskContext, resolve
+from .docket import Docket
+from .execution import Execution, to_datetime
+from .sansio.effects import CancelTask, RuntimeEffect, StartTask, StoreEffect
+from .sansio.errors import StoreError, UsageError
+from .sansio.inputs import (
+    Arrival,
+    CancelRequested,
+    DeadlineExtended,
+    Delivered,
+    ShutdownRequested,
+    TaskEnded,
+    TaskOutcome,
+    Tick,
+)
+from .sansio.strikes import StrikeList
+from .sansio.values import NO_POLICY, Delivery
+from .sansio.worker import WorkerConfig, WorkerMachine
+from .serialization import describe, dumps_value, loads_call
+
+logger = logging.getLogger("docket.worker")
+
+
+class Worker:
+    """Runs the tasks of one docket."""
+
+    def __init__(
+        self,
+        docket: Docket,
+        name: str | None = None,
+        concurrency: int = 10,
+        redelivery_timeout: timedelta = timedelta(minutes=5),
+        reconnection_delay: timedelta = timedelta(seconds=5),
+        minimum_check_interval: timedelta = timedelta(milliseconds=250),
+        scheduling_resolution: timedelta = timedelta(milliseconds=250),
+        schedule_automatic_tasks: bool = True,
+    ) -> None:
+        self.docket = docket
+        self.name = name or f"{socket.gethostname()}#{os.getpid()}"
+        self.concurrency = concurrency
+        self.redelivery_timeout = redelivery_timeout
+        self.reconnection_delay = reconnection_delay
+        self.minimum_check_interval = minimum_check_interval
+        self.scheduling_resolution = scheduling_resolution
+        self.schedule_automatic_tasks = schedule_automatic_tasks
+        if concurrency < 1:
+            raise UsageError("a worker's concurrency must be at least 1")
+        self._machine: WorkerMachine | None = None
+        self._limits: dict[str, int] = {}
+        self._runs: dict[str, int] = {}
+
+    async def __aenter__(self) -> Worker:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    @property
+    def counters(self) -> Mapping[str, int]:
+        """What the worker has done so far (delivered, started, completed, ...)."""
+        return dict(self._machine.counters) if self._machine else {}
+
+    # -- public run modes ----------------------------------------------------------
+
+    async def run_forever(self) -> None:
+        """Run until cancelled or sent SIGTERM/SIGINT; running tasks are drained."""
+        await self._run(until_finished=False)
+
+    async def run_until_finished(self) -> None:
+        """Run until nothing is scheduled, queued or running."""
+        await self._run(until_finished=True)
+
+    async def run_at_most(self, iterations_by_key: Mapping[str, int]) -> None:
+        """Run until finished, letting each listed key run at most n times
+        (later runs are struck)."""
+        self._limits = dict(iterations_by_key)
+        self._runs = {}
+        try:
+            await self._run(until_finished=True)
+        finally:
+            self._limits = {}
+
+    # -- the runtime -----------------------------------------------------------------
+
+    async def _run(self, *, until_finished: bool) -> None:
+        config = WorkerConfig(
+            name=self.name,
+            concurrency=self.concurrency,
+            redelivery_timeout=self.redelivery_timeout.total_seconds(),
+            heartbeat_interval=self.docket.heartbeat_interval.total_seconds(),
+            execution_ttl=self.docket.execution_ttl.total_seconds(),
+            tasks=tuple(sorted(self.docket.tasks)),
+        )
+        machine = self._machine = WorkerMachine(config, time.time())
+        self._dirty = anyio.Event()
+        self._capacity = anyio.Event()
+        self._rearm = anyio.Event()
+        self._stopping = anyio.Event()
+        self._finished = anyio.Event()
+        self._scopes: dict[str, anyio.CancelScope] = {}
+        self._cancel_reasons: dict[str, str] = {}
+        self._calls: dict[str, tuple[Callable[..., Any], Execution]] = {}
+        self._background: list[anyio.CancelScope] = []
+        if self.schedule_automatic_tasks:
+            await self._seed_automatic()
+        async with anyio.create_task_group() as group:
+            self._group = group
+            self._spawn(group, self._flusher)
+            self._spawn(group, self._timer)
+            self._spawn(group, self._listener)
+            if threading.current_thread() is threading.main_thread():
+                self._spawn(group, self._signals)
+            try:
+                machine.receive(Tick(now=time.time()))
+                self._dirty.set()
+                await self._reader(until_finished)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    machine.receive(ShutdownRequested(now=time.time()))
+                    self._dirty.set()
+                    await self._finished.wait()
+                    for scope in self._background:
+                        scope.cancel()
+
+    def _spawn(self, group: TaskGroup, loop: Callable[[], Awaitable[None]]) -> None:
+        scope = anyio.CancelScope(shield=True)
+        self._background.append(scope)
+
+        async def shielded() -> None:
+            with scope:
+                await loop()
+
+        group.start_soon(shielded)
+
+    async def _reader(self, until_finished: bool) -> None:
+        machine = self._machine
+        assert machine is not None
+        adapter = self.docket.adapter
+        check = self.minimum_check_interval.total_seconds()
+        redelivery = self.redelivery_timeout.total_seconds()
+        next_due: float | None = None
+        while not self._stopping.is_set():
+            capacity = machine.capacity
+            if capacity == 0:
+                await self._capacity.wait()
+                self._capacity = anyio.Event()
+                continue
+            now = time.time()
+            block = check if next_due is None else min(check, max(next_due - now, 0.0))
+            try:
+                result = await adapter.read(
+                    worker=self.name,
+                    count=capacity,
+                    now=now,
+                    redelivery_timeout=redelivery,
+                    block=block,
+                )
+            except StoreError as error:
+                logger.warning(
+                    "store unavailable (%s); retrying in %s", error, self.reconnection_delay
+                )
+                machine.counters["store_errors"] += 1
+                await anyio.sleep(self.reconnection_delay.total_seconds())
+                continue
+            next_due = result.next_due
+            if result.deliveries:
+                arrivals = tuple(self._prepare(d) for d in result.deliveries)
+                machine.receive(Delivered(arrivals=arrivals, now=time.time()))
+                self._dirty.set()
+            elif until_finished and machine.idle and await adapter.pending() == 0:
+                return
+
+    def _prepare(self, delivery: Delivery) -> Arrival:
+        """Decode a delivery and work out its policy (pure work, no store)."""
+        message = delivery.message
+        function = self.docket.tasks.get(message.function)
+        if function is None:
+            return Arrival(
+                delivery=delivery,
+                policy=NO_POLICY,
+                problem=f"unknown task {message.function!r}: not registered on worker {self.name}",
+            )
+        try:
+            args, kwargs = loads_call(message.payload)
+        except Exception as error:
+            return Arrival(
+                delivery=delivery,
+                policy=NO_POLICY,
+                problem=f"the arguments could not be unpickled: {describe(error)}",
+            )
+        try:
+            arguments = dependencies.bind_arguments(function, args, kwargs)
+            policy = dependencies.task_policy(
+                function, message.function, self.docket.name, arguments
+            )
+        except Exception as error:
+            return Arrival(delivery=delivery, policy=NO_POLICY, problem=describe(error))
+        struck = self._struck(message.function, message.key, arguments)
+        execution = Execution(
+            self.docket,
+            function,
+            args,
+            kwargs,
+            message.key,
+            to_datetime(message.when),
+            message.attempt,
+            function_name=message.function,
+            generation=message.generation,
+            redelivered=delivery.redelivered,
+        )
+        self._calls[delivery.delivery_id] = (function, execution)
+        return Arrival(delivery=delivery, policy=policy, struck=struck)
+
+    def _struck(self, function: str, key: str, arguments: Mapping[str, Any]) -> bool:
+        strikes = self._strikes
+        if strikes is not None and not strikes.empty and strikes.is_struck(function, arguments):
+            return True
+        if key in self._limits:
+            runs = self._runs.get(key, 0)
+            if runs >= self._limits[key]:
+                return True
+            self._runs[key] = runs + 1
+        return False
+
+    async def _flusher(self) -> None:
+        machine = self._machine
+        assert machine is not None
+        adapter = self.docket.adapter
+        while True:
+            await self._dirty.wait()
+            self._dirty = anyio.Event()
+            self._strikes = await adapter.strikes()
+            while effects := machine.effects():
+                store: list[StoreEffect] = []
+                for effect in effects:
+                    if isinstance(effect, RuntimeEffect):
+                        self._run_effect(effect)
+                    else:
+                        assert isinstance(effect, StoreEffect)
+                        store.append(effect)
+                if store:
+                    outcomes = await self._execute(store)
+                    machine.store_replied(store, outcomes, time.time())
+                    self._capacity.set()
+            if machine.said_goodbye:
+                self._finished.set()
+                return
+
+    async def _execute(self, effects: list[StoreEffect]) -> list[Any]:
+        """Carry out a batch, retrying while the store is away: every store
+        effect is safe to repeat, and dropping one could lose a task."""
+        while True:
+            try:
+                return await self.docket.adapter.execute(effects)
+            except StoreError as error:
+                assert self._machine is not None
+                self._machine.counters["store_errors"] += 1
+                logger.warning(
+                    "store unavailable (%s); retrying in %s", error, self.reconnection_delay
+                )
+                await anyio.sleep(self.reconnection_delay.total_seconds())
+
+    def _run_effect(self, effect: RuntimeEffect) -> None:
+        if isinstance(effect, StartTask):
+            self._group.start_soon(self._run_task, effect.delivery_id)
+            self._rearm.set()
+        elif isinstance(effect, CancelTask):
+            scope = self._scopes.get(effect.delivery_id)
+            if scope is not None:
+                self._cancel_reasons[effect.delivery_id] = effect.reason
+                scope.cancel()
+
+    async def _timer(self) -> None:
+        machine = self._machine
+        assert machine is not None
+        while True:
+            deadline = machine.next_deadline()
+            delay = math.inf if deadline is None else deadline - time.time()
+            if delay > 0:
+                with anyio.move_on_after(delay):
+                    await self._rearm.wait()
+                self._rearm = anyio.Event()
+            machine.receive(Tick(now=time.time()))
+            self._dirty.set()
+
+    async def _listener(self) -> None:
+        machine = self._machine
+        assert machine is not None
+        async with self.docket.adapter.cancellations() as keys:
+            async for key in keys:
+                machine.receive(CancelRequested(key=key, now=time.time()))
+                self._dirty.set()
+
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                logger.info("worker %s got signal %s: draining", self.name, signum)
+                self._stopping.set()
+                self._capacity.set()
+                return
+
+    async def _seed_automatic(self) -> None:
+        for name, function in list(self.docket.tasks.items()):
+            try:
+                policy = dependencies.task_policy(function, name, self.docket.name, {})
+            except UsageError:
+                continue
+            if policy.perpetual is not None and policy.perpetual.automatic:
+                await self.docket.add(name, key=name)()
+
+    # -- running one task --------------------------------------------------------------
+
+    async def _run_task(self, delivery_id: str) -> None:
+        machine = self._machine
+        assert machine is not None
+        function, execution = self._calls.pop(delivery_id)
+        flight = machine.in_flight[delivery_id]
+        outcome = TaskOutcome.SUCCEEDED
+        error: str | None = None
+        result: bytes | None = None
+        follow_up = None
+        execution.state = execution.state.RUNNING
+        execution.worker = self.name
+
+        def on_deadline(deadline: float) -> None:
+            machine.receive(DeadlineExtended(delivery_id=delivery_id, deadline=deadline))
+            self._rearm.set()
+
+        context = TaskContext(
+            docket=self.docket,
+            worker=self,
+            execution=execution,
+            function_name=execution.function_name,
+            args=execution.args,
+            kwargs=execution.kwargs,
+            now=time.time,
+            deadline=flight.deadline,
+            on_deadline_change=on_deadline,
+            report_progress=partial(_report, self.docket, execution.key),
+        )
+        scope = anyio.CancelScope()
+        self._scopes[delivery_id] = scope
+        with scope:
+            try:
+                async with resolve(function, context) as call:
+                    try:
+                        if inspect.iscoroutinefunction(function):
+                            value = await function(*call.args, **call.kwargs)
+                        else:
+                            value = await anyio.to_thread.run_sync(
+                                partial(function, *call.args, **call.kwargs),
+                                abandon_on_cancel=True,
+                            )
+                        if value is not None and self.docket.execution_ttl.total_seconds() > 0:
+                            result = dumps_value(value)
+                    except ForcedRetry as forced:
+                        outcome, error = TaskOutcome.FAILED, describe(forced)
+                        follow_up = call.follow_up(time.time(), forced)
+                    except Exception as failure:
+                        outcome, error = TaskOutcome.FAILED, describe(failure)
+                        result = dumps_value(failure)
+                        logger.warning("%s failed: %s", execution.call_repr(), error)
+                    if follow_up is None:
+                        follow_up = call.follow_up(time.time())
+            except Exception as failure:
+                outcome, error = TaskOutcome.FAILED, describe(failure)
+                result = dumps_value(failure)
+                logger.warning("%s failed in a dependency: %s", execution.function_name, error)
+        if scope.cancelled_caught:
+            outcome, error, result = TaskOutcome.CANCELLED, None, None
+            if self._cancel_reasons.pop(delivery_id, None) == "timeout":
+                result = dumps_value(TimeoutError(f"{execution.function_name} timed out"))
+        self._scopes.pop(delivery_id, None)
+        machine.receive(
+            TaskEnded(
+                delivery_id=delivery_id,
+                now=time.time(),
+                outcome=outcome,
+                error=error,
+                result=result,
+                follow_up=follow_up,
+            )
+        )
+        self._dirty.set()
+
+    _strikes: StrikeList | None = None
+
+
+async def _report(docket: Docket, key: str, **changes: Any) -> Any:
+    return await docket.adapter.report_progress(key, now=time.time(), **changes)

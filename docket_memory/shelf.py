@@ -1,0 +1,253 @@
+"""The data of one in-process docket and the primitive moves on it.
+
+Ready messages wait in an ordered dict by delivery id; future ones in a dict
+by key with a heap of ``(when, sequence, key, generation)`` beside it (stale
+heap entries are skipped lazily); handed-out ones in ``held`` with their
+lease time.  Terminal records expire through a second heap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import OrderedDict, deque
+from typing import Any
+
+import anyio
+import attrs
+from anyio.streams.memory import MemoryObjectSendStream
+
+from docket_core.sansio.strikes import StrikeList
+from docket_core.sansio.values import (
+    Delivery,
+    ExecutionRecord,
+    ExecutionState,
+    ProgressRecord,
+    TaskMessage,
+    WorkerRecord,
+)
+
+
+def state_event(key: str, state: ExecutionState, **fields: Any) -> dict[str, Any]:
+    """The JSON-able event published when ``key`` enters ``state``."""
+    event: dict[str, Any] = {"type": "state", "key": key, "state": state.value}
+    event.update(fields)
+    return event
+
+
+@attrs.define(slots=True, kw_only=True)
+class Held:
+    """A message handed to a worker and not yet acknowledged."""
+
+    message: TaskMessage
+    worker: str
+    delivered_at: float
+    renewed_at: float
+
+
+@attrs.define(slots=True)
+class Shelf:
+    records: dict[str, ExecutionRecord] = attrs.field(factory=dict)
+    ready: OrderedDict[str, TaskMessage] = attrs.field(factory=OrderedDict)
+    #: key -> delivery id of its ready message
+    ready_ids: dict[str, str] = attrs.field(factory=dict)
+    future: dict[str, TaskMessage] = attrs.field(factory=dict)
+    due_heap: list[tuple[float, int, str, int]] = attrs.field(factory=list)
+    held: dict[str, Held] = attrs.field(factory=dict)
+    slots: dict[str, dict[str, float]] = attrs.field(factory=dict)
+    waiters: dict[str, deque[TaskMessage]] = attrs.field(factory=dict)
+    progress: dict[str, ProgressRecord] = attrs.field(factory=dict)
+    expiry_heap: list[tuple[float, str, int]] = attrs.field(factory=list)
+    workers: dict[str, WorkerRecord] = attrs.field(factory=dict)
+    strikes: StrikeList = attrs.field(factory=StrikeList)
+    subscribers: dict[str, set[MemoryObjectSendStream[dict[str, Any]]]] = attrs.field(factory=dict)
+    cancel_listeners: set[MemoryObjectSendStream[str]] = attrs.field(factory=set)
+    waiting: list[anyio.Event] = attrs.field(factory=list)
+    ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
+
+    # -- notification ----------------------------------------------------------
+
+    def notify(self) -> None:
+        """Wake every reader waiting for work."""
+        if self.waiting:
+            waiting, self.waiting = self.waiting, []
+            for event in waiting:
+                event.set()
+
+    async def changed(self) -> None:
+        """Wait until something is queued or scheduled."""
+        event = anyio.Event()
+        self.waiting.append(event)
+        try:
+            await event.wait()
+        finally:
+            if event in self.waiting:
+                self.waiting.remove(event)
+
+    def publish(self, key: str, event: dict[str, Any]) -> None:
+        listeners = self.subscribers.get(key)
+        if listeners:
+            for send in list(listeners):
+                try:
+                    send.send_nowait(event)
+                except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    listeners.discard(send)
+
+    # -- queues ----------------------------------------------------------------
+
+    def enqueue(self, message: TaskMessage, now: float) -> ExecutionState:
+        """Queue ``message`` if due, else schedule it; returns the new state."""
+        if message.when <= now:
+            delivery_id = str(next(self.ids))
+            self.ready[delivery_id] = message
+            self.ready_ids[message.key] = delivery_id
+            state = ExecutionState.QUEUED
+        else:
+            self.future[message.key] = message
+            heapq.heappush(
+                self.due_heap,
+                (message.when, next(self.ids), message.key, message.generation),
+            )
+            state = ExecutionState.SCHEDULED
+        self.notify()
+        return state
+
+    def unqueue(self, key: str) -> None:
+        """Remove the key's scheduled or queued message, if any."""
+        self.future.pop(key, None)
+        delivery_id = self.ready_ids.pop(key, None)
+        if delivery_id is not None:
+            self.ready.pop(delivery_id, None)
+
+    def next_due(self) -> float | None:
+        heap = self.due_heap
+        while heap:
+            when, _, key, generation = heap[0]
+            message = self.future.get(key)
+            if message is not None and message.generation == generation:
+                return when
+            heapq.heappop(heap)
+        return None
+
+    def promote(self, now: float) -> None:
+        """Queue every scheduled message whose time has come."""
+        heap = self.due_heap
+        while heap and heap[0][0] <= now:
+            _, _, key, generation = heapq.heappop(heap)
+            message = self.future.get(key)
+            if message is None or message.generation != generation:
+                continue
+            del self.future[key]
+            self.enqueue(message, now)
+            record = self.records.get(key)
+            if record is not None and record.generation == generation:
+                self.records[key] = attrs.evolve(record, state=ExecutionState.QUEUED)
+                self.publish(key, state_event(key, ExecutionState.QUEUED, when=message.when))
+
+    def take(
+        self, worker: str, count: int, now: float, redelivery_timeout: float
+    ) -> list[Delivery]:
+        """Promote due messages, take over stale leases, hand out queued ones."""
+        self.promote(now)
+        deliveries: list[Delivery] = []
+        if self.waiters:
+            self.wake_stale(now, redelivery_timeout)
+        if self.held:
+            cutoff = now - redelivery_timeout
+            for delivery_id, held in self.held.items():
+                if len(deliveries) >= count:
+                    break
+                if held.renewed_at <= cutoff:
+                    held.worker = worker
+                    held.renewed_at = now
+                    deliveries.append(
+                        Delivery(delivery_id=delivery_id, message=held.message, redelivered=True)
+                    )
+        ready = self.ready
+        while ready and len(deliveries) < count:
+            delivery_id, message = ready.popitem(last=False)
+            del self.ready_ids[message.key]
+            self.held[delivery_id] = Held(
+                message=message, worker=worker, delivered_at=now, renewed_at=now
+            )
+            deliveries.append(Delivery(delivery_id=delivery_id, message=message))
+        return deliveries
+
+    # -- records -----------------------------------------------------------------
+
+    def conclude(self, record: ExecutionRecord, now: float, ttl: float) -> None:
+        """Store a terminal record for ``ttl`` seconds (0: forget it) and publish it."""
+        key = record.key
+        if ttl > 0:
+            self.records[key] = record
+            heapq.heappush(self.expiry_heap, (now + ttl, key, record.generation))
+        else:
+            self.records.pop(key, None)
+        fields: dict[str, Any] = {"completed_at": record.completed_at}
+        if record.error is not None:
+            fields["error"] = record.error
+        self.publish(key, state_event(key, record.state, **fields))
+
+    def expire(self, now: float) -> None:
+        heap = self.expiry_heap
+        while heap and heap[0][0] <= now:
+            _, key, generation = heapq.heappop(heap)
+            record = self.records.get(key)
+            if record is not None and record.generation == generation and record.state.terminal:
+                del self.records[key]
+
+    # -- concurrency limits --------------------------------------------------------
+
+    def park(self, limit_key: str, message: TaskMessage) -> None:
+        """Put a claimed message behind its limit until a slot frees."""
+        self.waiters.setdefault(limit_key, deque()).append(message)
+        record = self.records.get(message.key)
+        if record is not None and record.generation == message.generation:
+            self.records[message.key] = attrs.evolve(
+                record, state=ExecutionState.SCHEDULED, worker=None, started_at=None
+            )
+            self.progress.pop(message.key, None)
+            self.publish(message.key, state_event(message.key, ExecutionState.SCHEDULED))
+
+    def unpark(self, key: str) -> None:
+        for limit_key, waiting in list(self.waiters.items()):
+            kept = deque(m for m in waiting if m.key != key)
+            if len(kept) != len(waiting):
+                if kept:
+                    self.waiters[limit_key] = kept
+                else:
+                    del self.waiters[limit_key]
+
+    def wake(self, limit_key: str, now: float) -> int:
+        """Queue the oldest live waiter of ``limit_key``; returns how many woke."""
+        waiting = self.waiters.get(limit_key)
+        while waiting:
+            message = waiting.popleft()
+            record = self.records.get(message.key)
+            if (
+                record is None
+                or record.generation != message.generation
+                or record.state is not ExecutionState.SCHEDULED
+            ):
+                continue
+            if not waiting:
+                del self.waiters[limit_key]
+            message = attrs.evolve(message, when=min(message.when, now))
+            self.enqueue(message, now)
+            self.records[message.key] = attrs.evolve(record, state=ExecutionState.QUEUED)
+            self.publish(message.key, state_event(message.key, ExecutionState.QUEUED))
+            return 1
+        self.waiters.pop(limit_key, None)
+        return 0
+
+    def wake_stale(self, now: float, stale_after: float) -> None:
+        """Free slots whose holders stopped renewing and wake a waiter for each."""
+        for limit_key in list(self.waiters):
+            slots = self.slots.get(limit_key, {})
+            for holder, renewed in list(slots.items()):
+                if renewed <= now - stale_after:
+                    del slots[holder]
+                    self.wake(limit_key, now)
+            if not slots:
+                # nobody holds a slot: no release will come, so wake one now
+                self.wake(limit_key, now)

@@ -1,0 +1,405 @@
+"""The in-process store: the reference implementation of the storage algebra.
+
+Every effect is carried out in one synchronous step, so each is atomic by
+construction; the only awaits are the waits for work and for events.  Dockets
+with the same ``memory://`` URL and name in one process share one ``Shelf``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import attrs
+from anyio.streams.memory import MemoryObjectSendStream
+
+from docket_core.adapter import Event, ReadResult
+from docket_core.sansio.effects import (
+    AcquireSlot,
+    Cancel,
+    Claim,
+    Finish,
+    Heartbeat,
+    ReleaseSlot,
+    RenewLeases,
+    Schedule,
+    StoreEffect,
+)
+from docket_core.sansio.errors import UsageError
+from docket_core.sansio.inputs import (
+    CancelDone,
+    ClaimDone,
+    ClaimVerdict,
+    FinishDone,
+    HeartbeatDone,
+    LeasesRenewed,
+    Outcome,
+    Scheduled,
+    SlotDone,
+    SlotReleased,
+)
+from docket_core.sansio.strikes import StrikeInstruction, StrikeList
+from docket_core.sansio.values import (
+    LIVE_STATES,
+    ExecutionRecord,
+    ExecutionState,
+    ProgressRecord,
+    RunningRecord,
+    ScheduleMode,
+    StoreSnapshot,
+    TaskMessage,
+    WorkerRecord,
+)
+
+from .shelf import Shelf, state_event
+
+_SHELVES: dict[tuple[str, str], Shelf] = {}
+
+
+def shelf_for(location: str, name: str) -> Shelf:
+    """The shared state of ``memory://location`` for docket ``name``."""
+    shelf = _SHELVES.get((location, name))
+    if shelf is None:
+        shelf = _SHELVES[(location, name)] = Shelf()
+    return shelf
+
+
+class MemoryStore:
+    """A ``StorageAdapter`` over an in-process ``Shelf``."""
+
+    def __init__(self, *, name: str, location: str = "", shelf: Shelf | None = None) -> None:
+        self.name = name
+        self.shelf = shelf if shelf is not None else shelf_for(location, name)
+
+    @classmethod
+    def from_url(cls, url: str, *, name: str) -> MemoryStore:
+        if not url.startswith("memory://"):
+            raise UsageError(f"not a memory:// URL: {url!r}")
+        return cls(name=name, location=url[len("memory://") :])
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    # -- effects -------------------------------------------------------------
+
+    async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
+        shelf = self.shelf
+        outcomes: list[Outcome] = []
+        for effect in effects:
+            kind = type(effect)
+            if kind is Finish:
+                assert isinstance(effect, Finish)
+                outcomes.append(self._finish(effect))
+            elif kind is Claim:
+                assert isinstance(effect, Claim)
+                outcomes.append(self._claim(effect))
+            elif kind is Schedule:
+                assert isinstance(effect, Schedule)
+                outcomes.append(self._schedule(effect))
+            elif kind is RenewLeases:
+                assert isinstance(effect, RenewLeases)
+                outcomes.append(self._renew(effect))
+            elif kind is AcquireSlot:
+                assert isinstance(effect, AcquireSlot)
+                outcomes.append(self._acquire(effect))
+            elif kind is ReleaseSlot:
+                assert isinstance(effect, ReleaseSlot)
+                outcomes.append(self._release(effect))
+            elif kind is Cancel:
+                assert isinstance(effect, Cancel)
+                outcomes.append(self._cancel(effect))
+            elif kind is Heartbeat:
+                assert isinstance(effect, Heartbeat)
+                if effect.leaving:
+                    shelf.workers.pop(effect.worker, None)
+                else:
+                    shelf.workers[effect.worker] = WorkerRecord(
+                        name=effect.worker, last_seen=effect.now, tasks=frozenset(effect.tasks)
+                    )
+                outcomes.append(HeartbeatDone())
+            else:
+                raise TypeError(f"the memory store cannot carry out {effect!r}")
+        shelf.expire(max((getattr(e, "now", 0.0) for e in effects), default=0.0))
+        return outcomes
+
+    def _schedule(self, effect: Schedule) -> Scheduled:
+        shelf = self.shelf
+        message = effect.message
+        key = message.key
+        if effect.acknowledge is not None:
+            shelf.held.pop(effect.acknowledge, None)
+        record = shelf.records.get(key)
+        if effect.expect_generation is not None and (
+            record is None or record.generation != effect.expect_generation
+        ):
+            return Scheduled(key=key, accepted=False, generation=-1, state=None)
+        if effect.mode is ScheduleMode.ADD and record is not None and record.state in LIVE_STATES:
+            return Scheduled(
+                key=key, accepted=False, generation=record.generation, state=record.state
+            )
+        shelf.unqueue(key)
+        generation = (record.generation if record is not None else 0) + 1
+        message = attrs.evolve(message, generation=generation)
+        state = shelf.enqueue(message, effect.now)
+        shelf.records[key] = ExecutionRecord(
+            key=key,
+            function=message.function,
+            payload=message.payload,
+            when=message.when,
+            attempt=message.attempt,
+            generation=generation,
+            state=state,
+        )
+        shelf.progress.pop(key, None)
+        shelf.publish(key, state_event(key, state, when=message.when))
+        return Scheduled(key=key, accepted=True, generation=generation, state=state)
+
+    def _claim(self, effect: Claim) -> ClaimDone:
+        shelf = self.shelf
+        verdicts: list[tuple[str, ClaimVerdict]] = []
+        for item in effect.items:
+            record = shelf.records.get(item.key)
+            if record is not None and record.state is ExecutionState.CANCELLED:
+                verdict = ClaimVerdict.CANCELLED
+            elif record is None or record.generation != item.generation:
+                verdict = ClaimVerdict.SUPERSEDED
+            else:
+                verdict = ClaimVerdict.CLAIMED
+            if verdict is not ClaimVerdict.CLAIMED:
+                shelf.held.pop(item.delivery_id, None)
+            else:
+                assert record is not None
+                shelf.records[item.key] = attrs.evolve(
+                    record,
+                    state=ExecutionState.RUNNING,
+                    worker=effect.worker,
+                    started_at=effect.now,
+                )
+                shelf.progress[item.key] = ProgressRecord()
+                if item.key in shelf.subscribers:
+                    shelf.publish(
+                        item.key,
+                        state_event(
+                            item.key,
+                            ExecutionState.RUNNING,
+                            worker=effect.worker,
+                            started_at=effect.now,
+                        ),
+                    )
+            verdicts.append((item.delivery_id, verdict))
+        return ClaimDone(verdicts=tuple(verdicts))
+
+    def _finish(self, effect: Finish) -> FinishDone:
+        shelf = self.shelf
+        shelf.held.pop(effect.delivery_id, None)
+        record = shelf.records.get(effect.key)
+        if record is None or record.generation != effect.generation:
+            return FinishDone(delivery_id=effect.delivery_id, recorded=False)
+        shelf.progress.pop(effect.key, None)
+        shelf.conclude(
+            attrs.evolve(
+                record,
+                state=effect.state,
+                completed_at=effect.now,
+                error=effect.error,
+                result=effect.result,
+            ),
+            effect.now,
+            effect.ttl,
+        )
+        return FinishDone(delivery_id=effect.delivery_id, recorded=True)
+
+    def _cancel(self, effect: Cancel) -> CancelDone:
+        shelf = self.shelf
+        record = shelf.records.get(effect.key)
+        if record is None or record.state.terminal:
+            return CancelDone(key=effect.key, previous=record.state if record else None)
+        shelf.unqueue(effect.key)
+        shelf.unpark(effect.key)
+        shelf.progress.pop(effect.key, None)
+        shelf.conclude(
+            attrs.evolve(
+                record,
+                generation=record.generation + 1,
+                state=ExecutionState.CANCELLED,
+                completed_at=effect.now,
+            ),
+            effect.now,
+            effect.ttl,
+        )
+        for send in list(shelf.cancel_listeners):
+            send.send_nowait(effect.key)
+        return CancelDone(key=effect.key, previous=record.state)
+
+    def _renew(self, effect: RenewLeases) -> LeasesRenewed:
+        shelf = self.shelf
+        lost: list[str] = []
+        for delivery_id in effect.delivery_ids:
+            held = shelf.held.get(delivery_id)
+            if held is None or held.worker != effect.worker:
+                lost.append(delivery_id)
+            else:
+                held.renewed_at = effect.now
+        for limit_key, holder in effect.slots:
+            slots = shelf.slots.get(limit_key)
+            if slots is not None and holder in slots:
+                slots[holder] = effect.now
+        return LeasesRenewed(lost=tuple(lost))
+
+    def _acquire(self, effect: AcquireSlot) -> SlotDone:
+        shelf = self.shelf
+        slots = shelf.slots.setdefault(effect.limit_key, {})
+        acquired = True
+        if effect.holder not in slots and len(slots) >= effect.max_concurrent:
+            stale = [h for h, t in slots.items() if t <= effect.now - effect.stale_after]
+            if stale:
+                del slots[stale[0]]
+            else:
+                acquired = False
+        if acquired:
+            slots[effect.holder] = effect.now
+        else:
+            shelf.held.pop(effect.delivery_id, None)
+            shelf.park(effect.limit_key, effect.message)
+        return SlotDone(delivery_id=effect.delivery_id, acquired=acquired)
+
+    def _release(self, effect: ReleaseSlot) -> SlotReleased:
+        shelf = self.shelf
+        slots = shelf.slots.get(effect.limit_key)
+        if slots is not None:
+            slots.pop(effect.holder, None)
+            if not slots and not shelf.waiters.get(effect.limit_key):
+                del shelf.slots[effect.limit_key]
+        woken = shelf.wake(effect.limit_key, effect.now)
+        return SlotReleased(limit_key=effect.limit_key, woken=woken)
+
+    # -- reads ---------------------------------------------------------------
+
+    async def read(
+        self,
+        *,
+        worker: str,
+        count: int,
+        now: float,
+        redelivery_timeout: float,
+        block: float,
+    ) -> ReadResult:
+        shelf = self.shelf
+        deliveries = shelf.take(worker, count, now, redelivery_timeout)
+        if not deliveries and block > 0:
+            with anyio.move_on_after(block):
+                await shelf.changed()
+        return ReadResult(deliveries=tuple(deliveries), next_due=shelf.next_due())
+
+    async def pending(self) -> int:
+        shelf = self.shelf
+        parked = sum(len(w) for w in shelf.waiters.values())
+        return len(shelf.ready) + len(shelf.future) + len(shelf.held) + parked
+
+    async def get_record(self, key: str) -> ExecutionRecord | None:
+        return self.shelf.records.get(key)
+
+    async def get_progress(self, key: str) -> ProgressRecord | None:
+        return self.shelf.progress.get(key)
+
+    async def report_progress(
+        self,
+        key: str,
+        *,
+        now: float,
+        current: int | None = None,
+        increment: int | None = None,
+        total: int | None = None,
+        message: str | None = None,
+        clear_message: bool = False,
+    ) -> ProgressRecord:
+        shelf = self.shelf
+        progress = shelf.progress.get(key) or ProgressRecord()
+        changes: dict[str, Any] = {"updated_at": now}
+        if current is not None:
+            changes["current"] = current
+        if increment is not None:
+            changes["current"] = progress.current + increment
+        if total is not None:
+            changes["total"] = total
+        if message is not None or clear_message:
+            changes["message"] = message
+        progress = attrs.evolve(progress, **changes)
+        shelf.progress[key] = progress
+        shelf.publish(
+            key,
+            {
+                "type": "progress",
+                "key": key,
+                "current": progress.current,
+                "total": progress.total,
+                "message": progress.message,
+                "updated_at": progress.updated_at,
+            },
+        )
+        return progress
+
+    @asynccontextmanager
+    async def subscribe(self, key: str) -> AsyncIterator[AsyncIterator[Event]]:
+        send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=1000)
+        listeners = self.shelf.subscribers.setdefault(key, set())
+        listeners.add(send)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            listeners.discard(send)
+            if not listeners:
+                self.shelf.subscribers.pop(key, None)
+            send.close()
+
+    @asynccontextmanager
+    async def cancellations(self) -> AsyncIterator[AsyncIterator[str]]:
+        send: MemoryObjectSendStream[str]
+        send, receive = anyio.create_memory_object_stream[str](max_buffer_size=10_000)
+        self.shelf.cancel_listeners.add(send)
+        try:
+            async with receive:
+                yield receive
+        finally:
+            self.shelf.cancel_listeners.discard(send)
+            send.close()
+
+    async def add_strike(self, instruction: StrikeInstruction) -> None:
+        self.shelf.strikes.apply(instruction)
+
+    async def strikes(self) -> StrikeList:
+        return self.shelf.strikes
+
+    async def snapshot(self, now: float) -> StoreSnapshot:
+        shelf = self.shelf
+        future: list[TaskMessage] = list(shelf.ready.values())
+        future.extend(shelf.future.values())
+        for waiting in shelf.waiters.values():
+            future.extend(waiting)
+        future.sort(key=lambda m: m.when)
+        running = tuple(
+            RunningRecord(message=h.message, worker=h.worker, started=h.delivered_at)
+            for h in shelf.held.values()
+        )
+        return StoreSnapshot(
+            taken=now,
+            future=tuple(future),
+            running=running,
+            workers=tuple(shelf.workers.values()),
+        )
+
+    async def workers(self, now: float, horizon: float) -> list[WorkerRecord]:
+        return [w for w in self.shelf.workers.values() if w.last_seen > now - horizon]
+
+    async def clear(self, now: float, ttl: float) -> int:
+        shelf = self.shelf
+        keys = [m.key for m in shelf.ready.values()] + list(shelf.future)
+        for key in keys:
+            self._cancel(Cancel(key=key, now=now, ttl=ttl))
+        return len(keys)
