@@ -146,7 +146,15 @@ class Docket:
     @overload
     def add(
         self,
-        function: Callable[P, Awaitable[R]] | Callable[P, R],
+        function: Callable[P, Awaitable[R]],
+        when: datetime | None = None,
+        key: str | None = None,
+    ) -> Callable[P, Awaitable[Execution]]: ...
+
+    @overload
+    def add(
+        self,
+        function: Callable[P, R],
         when: datetime | None = None,
         key: str | None = None,
     ) -> Callable[P, Awaitable[Execution]]: ...
@@ -176,7 +184,15 @@ class Docket:
     @overload
     def replace(
         self,
-        function: Callable[P, Awaitable[R]] | Callable[P, R],
+        function: Callable[P, Awaitable[R]],
+        when: datetime,
+        key: str,
+    ) -> Callable[P, Awaitable[Execution]]: ...
+
+    @overload
+    def replace(
+        self,
+        function: Callable[P, R],
         when: datetime,
         key: str,
     ) -> Callable[P, Awaitable[Execution]]: ...

@@ -163,8 +163,15 @@ class Worker:
         self._background.append(scope)
 
         async def shielded() -> None:
-            with scope:
-                await loop()
+            try:
+                with scope:
+                    await loop()
+            except BaseException:
+                # a broken loop must not leave the shutdown path waiting forever
+                self._stopping.set()
+                self._capacity.set()
+                self._finished.set()
+                raise
 
         group.start_soon(shielded)
 
