@@ -150,8 +150,8 @@ class Shelf:
         """Promote due messages, take over stale leases, hand out queued ones."""
         self.promote(now)
         deliveries: list[Delivery] = []
-        if self.waiters:
-            self.wake_stale(now, redelivery_timeout)
+        if self.slots:
+            self.drop_stale_slots(now, redelivery_timeout)
         if self.held:
             cutoff = now - redelivery_timeout
             for delivery_id, held in self.held.items():
@@ -240,14 +240,19 @@ class Shelf:
         self.waiters.pop(limit_key, None)
         return 0
 
-    def wake_stale(self, now: float, stale_after: float) -> None:
-        """Free slots whose holders stopped renewing and wake a waiter for each."""
-        for limit_key in list(self.waiters):
-            slots = self.slots.get(limit_key, {})
+    def drop_stale_slots(self, now: float, stale_after: float) -> None:
+        """Free slots whose holders stopped renewing them (their worker died)
+        and queue a waiter for each; a limit nobody holds wakes a waiter too,
+        since no release will come for it."""
+        cutoff = now - stale_after
+        for limit_key in list(self.slots):
+            slots = self.slots[limit_key]
             for holder, renewed in list(slots.items()):
-                if renewed <= now - stale_after:
+                if renewed <= cutoff:
                     del slots[holder]
                     self.wake(limit_key, now)
             if not slots:
-                # nobody holds a slot: no release will come, so wake one now
-                self.wake(limit_key, now)
+                if self.waiters.get(limit_key):
+                    self.wake(limit_key, now)
+                else:
+                    del self.slots[limit_key]

@@ -164,6 +164,10 @@ class MemoryStore:
         verdicts: list[tuple[str, ClaimVerdict]] = []
         for item in effect.items:
             record = shelf.records.get(item.key)
+            held = shelf.held.get(item.delivery_id)
+            if held is None or held.worker != effect.worker:
+                verdicts.append((item.delivery_id, ClaimVerdict.LOST))
+                continue
             if record is not None and record.state is ExecutionState.CANCELLED:
                 verdict = ClaimVerdict.CANCELLED
             elif record is None or record.generation != item.generation:
@@ -174,6 +178,7 @@ class MemoryStore:
                 shelf.held.pop(item.delivery_id, None)
             else:
                 assert record is not None
+                held.renewed_at = effect.now
                 shelf.records[item.key] = attrs.evolve(
                     record,
                     state=ExecutionState.RUNNING,

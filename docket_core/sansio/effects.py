@@ -84,9 +84,11 @@ class ClaimItem:
 
 @attrs.frozen(slots=True, kw_only=True)
 class Claim(StoreEffect):
-    """Per item, atomically: if ``generation`` is still the key's current one and
-    the key is not cancelled, mark it running on ``worker`` (state event);
-    otherwise acknowledge the delivery so it is never handed out again."""
+    """Per item, atomically: if the delivery is no longer held by ``worker``,
+    change nothing (verdict lost); else if ``generation`` is still the key's
+    current one and the key is not cancelled, mark it running on ``worker``
+    and renew its lease (state event); otherwise acknowledge the delivery so it is never handed
+    out again (superseded or cancelled)."""
 
     worker: str
     items: tuple[ClaimItem, ...]

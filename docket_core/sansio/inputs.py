@@ -147,6 +147,9 @@ class ClaimVerdict(enum.Enum):
     SUPERSEDED = "superseded"
     #: the key was cancelled
     CANCELLED = "cancelled"
+    #: the delivery is no longer this worker's (its lease ran out and another
+    #: worker took it over, or it was acknowledged): leave it alone
+    LOST = "lost"
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -1,0 +1,395 @@
+"""A deterministic simulator: the core and the memory store on a virtual clock.
+
+Random workloads (adds, replaces, cancels, retries, concurrency limits) run on
+several simulated workers while faults strike: worker crashes, effect batches
+lost with their worker, deliveries handed to a worker late, clock skew between
+workers, clock jumps.  After every step the invariants are checked; at the end
+faults stop, the clock runs on until everything is quiet, and no task may be
+lost.  Everything comes from one seed, so a failure replays exactly:
+
+    python -m docket_memory.simulate --seed 7 --steps 100000
+
+Invariants checked:
+
+- a concurrency limit is never exceeded by tasks running on live workers;
+- a slot is released only by its holder (or after a takeover of a stale slot);
+- a delivery whose lease is valid is never handed to a second worker;
+- the same generation of a key never runs on two live workers at once;
+- nothing is lost: once quiet, every accepted add ended (completed, failed or
+  cancelled) or was superseded by a later accepted add of the same key, and
+  the store holds no messages, slots or waiters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+import attrs
+
+from docket_core.sansio.decisions import plan_add
+from docket_core.sansio.effects import (
+    Cancel,
+    CancelTask,
+    Effect,
+    ReleaseSlot,
+    StartTask,
+    StoreEffect,
+)
+from docket_core.sansio.inputs import (
+    Arrival,
+    CancelRequested,
+    Delivered,
+    Scheduled,
+    TaskEnded,
+    TaskOutcome,
+    Tick,
+)
+from docket_core.sansio.values import (
+    ConcurrencyPolicy,
+    Delivery,
+    ExecutionState,
+    RetryPolicy,
+    ScheduleMode,
+    TaskPolicy,
+)
+from docket_core.sansio.worker import WorkerConfig, WorkerMachine
+
+from .shelf import Shelf
+from .store import MemoryStore
+
+REDELIVERY_TIMEOUT = 5.0
+#: long enough that no record expires during a run: a missing one is a loss
+RECORD_TTL = 1e9
+LIMITS = {f"limit-{i}": 1 + i % 3 for i in range(3)}
+
+
+class InvariantViolated(AssertionError):
+    pass
+
+
+def drive(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run a memory-store coroutine that never suspends to its result."""
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coroutine.close()
+    raise RuntimeError("a memory store call suspended inside the simulator")
+
+
+@attrs.define
+class SimWorker:
+    name: str
+    machine: WorkerMachine
+    skew: float
+    #: delivery id -> (end time, outcome)
+    running: dict[str, tuple[float, TaskOutcome]] = attrs.field(factory=dict)
+    #: deliveries read but not yet handed to the machine (delayed delivery)
+    delayed: list[Delivery] = attrs.field(factory=list)
+    alive: bool = True
+
+
+class Simulation:
+    def __init__(self, seed: int, *, workers: int = 3, keys: int = 12) -> None:
+        self.rng = random.Random(seed)
+        self.now = 1_000_000.0
+        self.shelf = Shelf()
+        self.store = MemoryStore(name="sim", shelf=self.shelf)
+        self.keys = [f"key-{i}" for i in range(keys)]
+        self.policies: dict[str, TaskPolicy] = {}
+        self.workers: list[SimWorker] = []
+        self.serial = 0
+        self.faults = True
+        self.accepted: list[tuple[str, int]] = []
+        self.evicted: set[str] = set()
+        self.steps = 0
+        for _ in range(workers):
+            self.spawn()
+
+    # -- helpers -------------------------------------------------------------------
+
+    def spawn(self) -> SimWorker:
+        self.serial += 1
+        config = WorkerConfig(
+            name=f"w{self.serial}",
+            concurrency=self.rng.randint(1, 4),
+            redelivery_timeout=REDELIVERY_TIMEOUT,
+            heartbeat_interval=2.0,
+            execution_ttl=RECORD_TTL,
+        )
+        skew = self.rng.uniform(-0.5, 0.5)
+        worker = SimWorker(config.name, WorkerMachine(config, self.now + skew), skew)
+        self.workers.append(worker)
+        return worker
+
+    def clock(self, worker: SimWorker) -> float:
+        return self.now + worker.skew
+
+    def policy_for(self, key: str) -> TaskPolicy:
+        policy = self.policies.get(key)
+        if policy is None:
+            index = int(key.split("-")[1])
+            limit = None
+            if index % 2 == 0:
+                limit_key = f"limit-{index % len(LIMITS)}"
+                limit = ConcurrencyPolicy(limit_key=limit_key, max_concurrent=LIMITS[limit_key])
+            retry = RetryPolicy(attempts=3, delay=0.5) if index % 3 == 0 else None
+            policy = self.policies[key] = TaskPolicy(retry=retry, concurrency=limit)
+        return policy
+
+    def pump(self, worker: SimWorker, *, lose: bool = False) -> None:
+        """Carry out the machine's effects until it has none."""
+        machine = worker.machine
+        while effects := machine.effects():
+            store: list[StoreEffect] = []
+            for effect in effects:
+                self.runtime_effect(worker, effect)
+                if isinstance(effect, StoreEffect):
+                    store.append(effect)
+            if not store:
+                continue
+            if lose:
+                self.crash(worker)  # the batch never reached the store
+                return
+            for effect in store:
+                if isinstance(effect, ReleaseSlot):
+                    self.check_release(effect)
+            outcomes = drive(self.store.execute(store))
+            machine.store_replied(store, outcomes, self.clock(worker))
+            self.check()
+
+    def runtime_effect(self, worker: SimWorker, effect: Effect) -> None:
+        if isinstance(effect, StartTask):
+            duration = self.rng.choice([0.05, 0.2, 1.0, 3.0, 12.0])
+            outcome = TaskOutcome.FAILED if self.rng.random() < 0.2 else TaskOutcome.SUCCEEDED
+            worker.running[effect.delivery_id] = (self.clock(worker) + duration, outcome)
+        elif isinstance(effect, CancelTask) and effect.delivery_id in worker.running:
+            worker.running[effect.delivery_id] = (self.clock(worker), TaskOutcome.CANCELLED)
+
+    # -- actions -----------------------------------------------------------------------
+
+    def add(self) -> None:
+        key = self.rng.choice(self.keys)
+        mode = ScheduleMode.REPLACE if self.rng.random() < 0.3 else ScheduleMode.ADD
+        delay = self.rng.choice([0.0, 0.0, 0.1, 1.0, 4.0])
+        effect = plan_add(
+            key=key, function="task", payload=b"", when=self.now + delay, mode=mode, now=self.now
+        )
+        (outcome,) = drive(self.store.execute([effect]))
+        assert isinstance(outcome, Scheduled)
+        if outcome.accepted:
+            self.accepted.append((key, outcome.generation))
+
+    def cancel(self) -> None:
+        key = self.rng.choice(self.keys)
+        drive(self.store.execute([Cancel(key=key, now=self.now, ttl=RECORD_TTL)]))
+        for worker in self.live():
+            worker.machine.receive(CancelRequested(key=key, now=self.clock(worker)))
+            self.pump(worker)
+
+    def read(self, worker: SimWorker) -> None:
+        capacity = worker.machine.capacity - len(worker.delayed)
+        if capacity <= 0:
+            return
+        result = drive(
+            self.store.read(
+                worker=worker.name,
+                count=capacity,
+                now=self.clock(worker),
+                redelivery_timeout=REDELIVERY_TIMEOUT,
+                block=0,
+            )
+        )
+        deliveries = list(result.deliveries)
+        if self.faults and deliveries and self.rng.random() < 0.1:
+            worker.delayed.extend(deliveries)  # handed over at a later step
+            return
+        self.deliver(worker, deliveries)
+
+    def deliver(self, worker: SimWorker, deliveries: list[Delivery]) -> None:
+        if not deliveries:
+            return
+        arrivals = tuple(
+            Arrival(delivery=d, policy=self.policy_for(d.message.key)) for d in deliveries
+        )
+        worker.machine.receive(Delivered(arrivals=arrivals, now=self.clock(worker)))
+        self.pump(worker)
+
+    def finish_due(self, worker: SimWorker) -> None:
+        now = self.clock(worker)
+        for delivery_id, (end, outcome) in list(worker.running.items()):
+            if end <= now:
+                del worker.running[delivery_id]
+                error = "RuntimeError: simulated" if outcome is TaskOutcome.FAILED else None
+                worker.machine.receive(
+                    TaskEnded(delivery_id=delivery_id, now=now, outcome=outcome, error=error)
+                )
+                lose = self.faults and self.rng.random() < 0.01
+                self.pump(worker, lose=lose)
+                if not worker.alive:
+                    return
+
+    def tick(self, worker: SimWorker) -> None:
+        deadline = worker.machine.next_deadline()
+        if deadline is not None and deadline <= self.clock(worker):
+            worker.machine.receive(Tick(now=self.clock(worker)))
+            self.pump(worker)
+
+    def crash(self, worker: SimWorker) -> None:
+        worker.alive = False
+        worker.running.clear()
+        self.workers.remove(worker)
+        self.spawn()
+
+    def live(self) -> list[SimWorker]:
+        return [w for w in self.workers if w.alive]
+
+    # -- invariants --------------------------------------------------------------------
+
+    def check_release(self, effect: ReleaseSlot) -> None:
+        slots = self.shelf.slots.get(effect.limit_key, {})
+        if effect.holder not in slots and effect.holder not in self.evicted:
+            raise InvariantViolated(
+                f"{effect.holder} released a slot of {effect.limit_key} it does not hold"
+            )
+
+    def check(self) -> None:
+        running_by_limit: dict[str, int] = {}
+        running_generations: set[tuple[str, int]] = set()
+        for worker in self.live():
+            for delivery_id in worker.running:
+                flight = worker.machine.in_flight.get(delivery_id)
+                if flight is None:
+                    continue
+                message = flight.message
+                ident = (message.key, message.generation)
+                if ident in running_generations:
+                    raise InvariantViolated(f"{ident} runs on two live workers at once")
+                running_generations.add(ident)
+                limit = self.policy_for(message.key).concurrency
+                if limit is not None and flight.slot is not None:
+                    count = running_by_limit.get(limit.limit_key, 0) + 1
+                    running_by_limit[limit.limit_key] = count
+                    if count > limit.max_concurrent:
+                        raise InvariantViolated(
+                            f"{count} tasks run under {limit.limit_key} "
+                            f"(max {limit.max_concurrent})"
+                        )
+                elif limit is not None:
+                    raise InvariantViolated(f"{message.key} runs without its slot")
+        # remember holders whose stale slots may be taken over
+        cutoff = self.now - REDELIVERY_TIMEOUT + 1.0
+        for slots in self.shelf.slots.values():
+            for holder, renewed in slots.items():
+                if renewed <= cutoff:
+                    self.evicted.add(holder)
+
+    # -- running ------------------------------------------------------------------------
+
+    def step(self) -> None:
+        self.steps += 1
+        roll = self.rng.random()
+        workers = self.live()
+        worker = self.rng.choice(workers)
+        if roll < 0.25:
+            self.add()
+        elif roll < 0.28:
+            self.cancel()
+        elif roll < 0.50:
+            self.read(worker)
+        elif roll < 0.55 and worker.delayed:
+            delayed, worker.delayed = worker.delayed, []
+            self.deliver(worker, delayed)
+        elif roll < 0.80:
+            self.now += self.rng.choice([0.01, 0.05, 0.2, 0.5])
+        elif roll < 0.805 and self.faults:
+            self.now += self.rng.uniform(REDELIVERY_TIMEOUT, 3 * REDELIVERY_TIMEOUT)
+        elif roll < 0.81 and self.faults:
+            self.crash(worker)
+        for each in self.live():
+            self.finish_due(each)
+        for each in self.live():
+            self.tick(each)
+        self.check()
+
+    def settle(self, max_rounds: int = 100_000) -> None:
+        """Stop faults and run on until nothing is left anywhere."""
+        self.faults = False
+        for _ in range(max_rounds):
+            for worker in self.live():
+                if worker.delayed:
+                    delayed, worker.delayed = worker.delayed, []
+                    self.deliver(worker, delayed)
+                self.read(worker)
+                self.finish_due(worker)
+                self.tick(worker)
+            self.check()
+            busy = any(w.machine.in_flight or w.running for w in self.live())
+            if not busy and drive(self.store.pending()) == 0:
+                break
+            self.now += 0.25
+        else:
+            raise InvariantViolated("the simulation did not settle")
+        self.check_nothing_lost()
+
+    def check_nothing_lost(self) -> None:
+        shelf = self.shelf
+        if shelf.ready or shelf.future or shelf.held:
+            raise InvariantViolated("messages left in the store after settling")
+        if any(shelf.slots.values()) or any(shelf.waiters.values()):
+            raise InvariantViolated(f"slots or waiters leaked: {shelf.slots} {shelf.waiters}")
+        latest: dict[str, int] = {}
+        for key, generation in self.accepted:
+            latest[key] = max(latest.get(key, 0), generation)
+        for key in latest:
+            record = shelf.records.get(key)
+            if record is None:
+                raise InvariantViolated(f"{key} vanished")
+            if record.state not in (
+                ExecutionState.COMPLETED,
+                ExecutionState.FAILED,
+                ExecutionState.CANCELLED,
+            ):
+                raise InvariantViolated(f"{key} ended {record.state}")
+
+
+def simulate(seed: int, steps: int) -> Simulation:
+    simulation = Simulation(seed)
+    for _ in range(steps):
+        simulation.step()
+    simulation.settle()
+    return simulation
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m docket_memory.simulate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=1, help="run this many seeds from --seed")
+    parser.add_argument("--steps", type=int, default=10_000)
+    options = parser.parse_args(argv)
+    total = 0
+    started = time.perf_counter()
+    for seed in range(options.seed, options.seed + options.seeds):
+        try:
+            simulation = simulate(seed, options.steps)
+        except InvariantViolated as violation:
+            print(f"seed {seed}: INVARIANT VIOLATED: {violation}", file=sys.stderr)
+            return 1
+        total += simulation.steps
+        counters: dict[str, int] = {}
+        for worker in simulation.workers:
+            for name, count in worker.machine.counters.items():
+                counters[name] = counters.get(name, 0) + count
+        print(f"seed {seed}: {simulation.steps} steps, {len(simulation.accepted)} adds, ok")
+    elapsed = time.perf_counter() - started
+    print(f"{total} steps in {elapsed:.2f}s: {total / elapsed:,.0f} steps/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

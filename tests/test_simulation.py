@@ -1,0 +1,97 @@
+"""The deterministic simulator: bounded seeds in CI, and proof that its
+invariant checks catch the bugs they are meant to catch."""
+
+from __future__ import annotations
+
+import pytest
+
+from docket_core.sansio.effects import AcquireSlot, ReleaseSlot
+from docket_core.sansio.inputs import SlotDone
+from docket_core.sansio.worker import InFlight, WorkerMachine
+from docket_memory import simulate
+from docket_memory.simulate import InvariantViolated, Simulation
+from docket_memory.store import MemoryStore
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_simulation_keeps_every_invariant(seed: int) -> None:
+    simulation = simulate.simulate(seed, 3000)
+    assert simulation.steps == 3000
+    assert len(simulation.accepted) > 100
+    started = sum(w.machine.counters["started"] for w in simulation.workers)
+    parked = sum(w.machine.counters["parked"] for w in simulation.workers)
+    # the workload must really exercise the interesting paths
+    assert started > 0 or parked > 0
+
+
+def test_the_command_reports_steps_per_second(capsys: pytest.CaptureFixture[str]) -> None:
+    assert simulate.main(["--seed", "3", "--steps", "500"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 3: 500 steps" in out
+    assert "steps/s" in out
+
+
+def _run_until_violation(seeds: range, steps: int) -> str:
+    for seed in seeds:
+        try:
+            simulate.simulate(seed, steps)
+        except InvariantViolated as violation:
+            return str(violation)
+    return ""
+
+
+def test_a_store_that_ignores_limits_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def always_acquire(self: MemoryStore, effect: AcquireSlot) -> SlotDone:
+        self.shelf.slots.setdefault(effect.limit_key, {})[effect.holder] = effect.now
+        return SlotDone(delivery_id=effect.delivery_id, acquired=True)
+
+    monkeypatch.setattr(MemoryStore, "_acquire", always_acquire)
+    assert "tasks run under" in _run_until_violation(range(5), 3000)
+
+
+def test_releasing_a_slot_never_acquired_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pydocket 0.15 bug: a blocked delivery released the slot anyway."""
+    original = WorkerMachine._slot
+
+    def release_when_parked(self: WorkerMachine, outcome: SlotDone, now: float) -> None:
+        flight: InFlight | None = self.in_flight.get(outcome.delivery_id)
+        original(self, outcome, now)
+        if flight is not None and not outcome.acquired and flight.policy.concurrency:
+            self._effects.append(
+                ReleaseSlot(
+                    limit_key=flight.policy.concurrency.limit_key,
+                    holder=self.holder(outcome.delivery_id),
+                    now=now,
+                )
+            )
+
+    monkeypatch.setattr(WorkerMachine, "_slot", release_when_parked)
+    assert "does not hold" in _run_until_violation(range(5), 3000)
+
+
+def test_a_store_that_hands_out_leased_messages_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    original = simulate.Simulation.read
+
+    def read_ignoring_leases(self: Simulation, worker: simulate.SimWorker) -> None:
+        for held in self.shelf.held.values():
+            held.renewed_at = -1e12  # every lease looks expired
+        original(self, worker)
+
+    monkeypatch.setattr(simulate.Simulation, "read", read_ignoring_leases)
+    assert "two live workers" in _run_until_violation(range(5), 3000)
+
+
+def test_a_store_that_drops_messages_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = simulate.Simulation.add
+
+    def add_then_lose(self: Simulation) -> None:
+        original(self)
+        if self.rng.random() < 0.05 and self.shelf.future:
+            key = next(iter(self.shelf.future))
+            del self.shelf.future[key]
+            del self.shelf.records[key]
+
+    monkeypatch.setattr(simulate.Simulation, "add", add_then_lose)
+    assert "vanished" in _run_until_violation(range(5), 3000)
