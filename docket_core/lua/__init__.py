@@ -1,0 +1,63 @@
+"""The Redis/Valkey key layout and Lua scripts, written once for every client.
+
+Both the redis-py adapter (``docket_redis``) and the Valkey GLIDE adapter
+(``docket_glide``) run these scripts; this package imports no client library.
+``protocol`` turns each store effect into a ``ScriptCall`` and each script
+reply into the outcome the core expects, so an adapter only has to run calls.
+
+Key layout of docket ``name`` (``P`` is the hash tag ``{name}``, so every key of
+a docket lives in one cluster slot; per-task keys sit in their own
+sub-namespaces, so no task key can collide with an internal key):
+
+======================  ======  ===================================================
+``P:q``                 stream  queued and delivered messages; group ``docket-workers``
+``P:due``               zset    task key -> ``when`` of scheduled messages
+``P:msg:<key>``         hash    the scheduled message of a task key
+``P:run:<key>``         hash    the task key's record (state, generation, result...)
+``P:prog:<key>``        hash    progress of a running task
+``P:slots:<limit>``     zset    concurrency slot holder -> last renewal
+``P:wait:<limit>``      list    task keys parked behind a full limit, oldest first
+``P:waiting``           set     limits that have parked task keys
+``P:workers``           zset    worker -> last heartbeat
+``P:worker-tasks:<w>``  string  JSON list of a worker's task names (expires)
+``P:strikes``           stream  strike and restore instructions, in order
+``P:events:<key>``      pubsub  state and progress events of a task key
+``P:cancel``            pubsub  keys being cancelled, for workers
+======================  ======  ===================================================
+
+Permanent keys (no TTL while the docket is in use): ``P:q``, ``P:due``,
+``P:waiting``, ``P:workers``, ``P:strikes``.  A record (``P:run:<key>``) has no
+TTL while its key is live and ``execution_ttl`` once it ended; every other key
+is deleted when emptied or carries a TTL.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+SCRIPT_NAMES = (
+    "schedule",
+    "read",
+    "claim",
+    "finish",
+    "cancel",
+    "renew",
+    "acquire",
+    "release",
+    "heartbeat",
+    "progress",
+    "inspect",
+    "clear",
+)
+
+
+def _load() -> dict[str, str]:
+    folder = resources.files(__package__)
+    prelude = folder.joinpath("prelude.lua").read_text()
+    return {
+        name: prelude + "\n" + folder.joinpath(f"{name}.lua").read_text() for name in SCRIPT_NAMES
+    }
+
+
+#: script name -> full Lua source (prelude included)
+SCRIPTS: dict[str, str] = _load()

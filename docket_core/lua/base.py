@@ -1,0 +1,221 @@
+"""``ScriptedStore``: the storage algebra over the shared Lua scripts.
+
+Everything a Redis-protocol adapter does is written here once, on top of a
+handful of client primitives (run script calls in one round trip, a blocking
+stream read, a hash read, strike stream access, pub/sub).  ``docket_redis`` and
+``docket_glide`` only implement those primitives for their client.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import cloudpickle
+
+from ..adapter import Event, ReadResult
+from ..sansio.effects import StoreEffect
+from ..sansio.inputs import Outcome
+from ..sansio.strikes import StrikeInstruction, StrikeList
+from ..sansio.values import (
+    ExecutionRecord,
+    ProgressRecord,
+    StoreSnapshot,
+    WorkerRecord,
+)
+from .protocol import (
+    PROMOTE_LIMIT,
+    Layout,
+    ScriptCall,
+    call_for,
+    number,
+    outcome_for,
+    parse_progress,
+    parse_progress_reply,
+    parse_read,
+    parse_record,
+    parse_snapshot,
+    parse_stream_entries,
+    progress_call,
+    text,
+    wake_ids,
+)
+
+#: how often a process looks for strikes made by other processes
+STRIKE_REFRESH_SECONDS = 1.0
+
+
+class ScriptedStore(abc.ABC):
+    """A ``StorageAdapter`` for Redis-protocol servers, minus the client."""
+
+    def __init__(self, *, name: str) -> None:
+        self.name = name
+        self.layout = Layout(name)
+        self._strikes = StrikeList()
+        self._strikes_seen = "0-0"
+        self._strikes_checked = 0.0
+
+    # -- client primitives (the adapters implement these) -------------------------
+
+    @abc.abstractmethod
+    async def run_calls(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Run the calls in order in one round trip; return their replies.
+        Raise ``StoreError`` when the server is unreachable or fails."""
+
+    @abc.abstractmethod
+    async def read_blocking(
+        self, worker: str, count: int, block_ms: int
+    ) -> list[tuple[Any, list[Any]]]:
+        """``XREADGROUP GROUP docket-workers worker COUNT count BLOCK block_ms
+        STREAMS <stream> >``: the entries as ``(id, [f, v, ...])``, or ``[]``."""
+
+    @abc.abstractmethod
+    async def acknowledge(self, ids: Sequence[str]) -> None:
+        """``XACK`` and ``XDEL`` these stream entries."""
+
+    @abc.abstractmethod
+    async def hash_fields(self, key: str) -> list[Any]:
+        """``HGETALL key`` as a flat ``[f, v, ...]`` list."""
+
+    @abc.abstractmethod
+    async def strike_entries(self, after: str) -> list[tuple[str, bytes]]:
+        """Entries of the strike stream after ``after``: ``(id, data)``."""
+
+    @abc.abstractmethod
+    async def append_strike(self, data: bytes) -> str:
+        """Append to the strike stream; returns the entry id."""
+
+    @abc.abstractmethod
+    def listen(self, channel: str) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
+        """Subscribe to ``channel``; yields message payloads until exited."""
+
+    # -- the storage algebra ---------------------------------------------------------
+
+    async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
+        if not effects:
+            return []
+        layout = self.layout
+        replies = await self.run_calls([call_for(layout, e) for e in effects])
+        return [outcome_for(e, r) for e, r in zip(effects, replies, strict=True)]
+
+    async def read(
+        self,
+        *,
+        worker: str,
+        count: int,
+        now: float,
+        redelivery_timeout: float,
+        block: float,
+    ) -> ReadResult:
+        call = self.layout.call(
+            "read",
+            worker,
+            str(count),
+            number(now),
+            str(int(redelivery_timeout * 1000)),
+            PROMOTE_LIMIT,
+        )
+        (reply,) = await self.run_calls([call])
+        result = parse_read(reply)
+        block_ms = int(block * 1000)
+        if result.deliveries or block_ms < 1:
+            return result
+        entries = await self.read_blocking(worker, count, block_ms)
+        wakes = wake_ids(entries)
+        if wakes:
+            await self.acknowledge(wakes)
+        return ReadResult(deliveries=tuple(parse_stream_entries(entries)), next_due=result.next_due)
+
+    async def pending(self) -> int:
+        (reply,) = await self.run_calls([self.layout.call("inspect", "pending", "0")])
+        return int(reply)
+
+    async def get_record(self, key: str) -> ExecutionRecord | None:
+        return parse_record(key, await self.hash_fields(self.layout.run_key(key)))
+
+    async def get_progress(self, key: str) -> ProgressRecord | None:
+        return parse_progress(await self.hash_fields(self.layout.progress_key(key)))
+
+    async def report_progress(
+        self,
+        key: str,
+        *,
+        now: float,
+        current: int | None = None,
+        increment: int | None = None,
+        total: int | None = None,
+        message: str | None = None,
+        clear_message: bool = False,
+    ) -> ProgressRecord:
+        call = progress_call(
+            self.layout,
+            key,
+            now=now,
+            current=current,
+            increment=increment,
+            total=total,
+            message=message,
+            clear_message=clear_message,
+        )
+        (reply,) = await self.run_calls([call])
+        return parse_progress_reply(reply, now)
+
+    @asynccontextmanager
+    async def subscribe(self, key: str) -> AsyncIterator[AsyncIterator[Event]]:
+        async with self.listen(self.layout.events_channel(key)) as messages:
+
+            async def events() -> AsyncIterator[Event]:
+                async for data in messages:
+                    event: Event = json.loads(data)
+                    yield event
+
+            yield events()
+
+    @asynccontextmanager
+    async def cancellations(self) -> AsyncIterator[AsyncIterator[str]]:
+        async with self.listen(self.layout.cancel_channel) as messages:
+
+            async def keys() -> AsyncIterator[str]:
+                async for data in messages:
+                    yield text(data)
+
+            yield keys()
+
+    async def add_strike(self, instruction: StrikeInstruction) -> None:
+        await self._refresh_strikes(force=True)
+        self._strikes_seen = await self.append_strike(cloudpickle.dumps(instruction))
+        self._strikes.apply(instruction)
+
+    async def strikes(self) -> StrikeList:
+        await self._refresh_strikes()
+        return self._strikes
+
+    async def _refresh_strikes(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._strikes_checked < STRIKE_REFRESH_SECONDS:
+            return
+        self._strikes_checked = now
+        for entry_id, data in await self.strike_entries(self._strikes_seen):
+            try:
+                instruction = cloudpickle.loads(data)
+            except Exception:
+                instruction = None
+            if isinstance(instruction, StrikeInstruction):
+                self._strikes.apply(instruction)
+            self._strikes_seen = entry_id
+
+    async def snapshot(self, now: float) -> StoreSnapshot:
+        (reply,) = await self.run_calls([self.layout.call("inspect", "snapshot", "1000")])
+        return parse_snapshot(reply, now)
+
+    async def workers(self, now: float, horizon: float) -> list[WorkerRecord]:
+        snapshot = await self.snapshot(now)
+        return [w for w in snapshot.workers if w.last_seen > now - horizon]
+
+    async def clear(self, now: float, ttl: float) -> int:
+        (reply,) = await self.run_calls([self.layout.call("clear", number(now), number(ttl))])
+        return int(reply)

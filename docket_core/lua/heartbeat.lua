@@ -1,0 +1,14 @@
+-- Heartbeat: ARGV = prefix, group, worker, now, leaving, ttl_ms, tasks (JSON list).
+local worker, now, leaving, ttl, tasks = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local workers = P .. ':workers'
+local info = P .. ':worker-tasks:' .. worker
+if leaving == '1' then
+  redis.call('ZREM', workers, worker)
+  redis.call('DEL', info)
+  return 0
+end
+redis.call('ZADD', workers, now, worker)
+redis.call('SET', info, tasks, 'PX', ttl)
+-- forget workers silent for an hour
+redis.call('ZREMRANGEBYSCORE', workers, '-inf', tonumber(now) - 3600)
+return 1

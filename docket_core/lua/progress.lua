@@ -1,0 +1,21 @@
+-- Progress: ARGV = prefix, group, key, now, current, increment, total, message,
+-- clear_message.  Empty strings mean "unchanged".  Returns {current, total, message}.
+local key, now = ARGV[3], ARGV[4]
+local prog = prog_key(key)
+if ARGV[5] ~= '' then redis.call('HSET', prog, 'current', ARGV[5]) end
+if ARGV[6] ~= '' then redis.call('HINCRBY', prog, 'current', ARGV[6]) end
+if ARGV[7] ~= '' then redis.call('HSET', prog, 'total', ARGV[7]) end
+if ARGV[8] ~= '' then redis.call('HSET', prog, 'message', ARGV[8]) end
+if ARGV[9] == '1' then redis.call('HDEL', prog, 'message') end
+redis.call('HSET', prog, 'updated', now)
+if redis.call('TTL', run_key(key)) >= 0 or redis.call('EXISTS', run_key(key)) == 0 then
+  -- no live record: keep stray progress from leaking
+  redis.call('PEXPIRE', prog, 3600000)
+end
+local r = redis.call('HMGET', prog, 'current', 'total', 'message')
+local current, total = tonumber(r[1] or '0'), tonumber(r[2] or '100')
+local event = {type = 'progress', current = current, total = total,
+               updated_at = tonumber(now)}
+if r[3] then event['message'] = r[3] end
+publish(key, event)
+return {tostring(current), tostring(total), r[3] or false}

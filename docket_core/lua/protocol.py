@@ -1,0 +1,405 @@
+"""Store effects as script calls, and script replies as outcomes.
+
+Pure translation shared by the Redis and GLIDE adapters: every argument is a
+``str`` or ``bytes`` (GLIDE accepts nothing else), every reply is decoded from
+the shapes both clients return (bytes, ints, lists, ``None``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from ..adapter import ReadResult
+from ..sansio.effects import (
+    AcquireSlot,
+    Cancel,
+    Claim,
+    Finish,
+    Heartbeat,
+    ReleaseSlot,
+    RenewLeases,
+    Schedule,
+    StoreEffect,
+)
+from ..sansio.errors import StoreError
+from ..sansio.inputs import (
+    CancelDone,
+    ClaimDone,
+    ClaimVerdict,
+    FinishDone,
+    HeartbeatDone,
+    LeasesRenewed,
+    Outcome,
+    Scheduled,
+    SlotDone,
+    SlotReleased,
+)
+from ..sansio.values import (
+    Delivery,
+    ExecutionRecord,
+    ExecutionState,
+    ProgressRecord,
+    RunningRecord,
+    StoreSnapshot,
+    TaskMessage,
+    WorkerRecord,
+)
+
+GROUP = "docket-workers"
+#: how long a worker's task list outlives its last heartbeat
+WORKER_INFO_TTL_MS = "600000"
+#: a renewed slot set lives at least this long (holders renew far more often)
+RENEWED_SLOT_TTL_MS = "86400000"
+#: how many due messages one read moves to the stream at most
+PROMOTE_LIMIT = "1000"
+
+
+def number(value: float) -> str:
+    """A float as the exact decimal text scripts and scores take."""
+    return repr(float(value))
+
+
+def text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ScriptCall:
+    """Run script ``name`` with ``keys`` and ``args``."""
+
+    name: str
+    keys: tuple[str, ...]
+    args: tuple[str | bytes, ...]
+
+
+@attrs.frozen(slots=True)
+class Layout:
+    """The key names of one docket."""
+
+    name: str
+
+    @property
+    def prefix(self) -> str:
+        return "{" + self.name + "}"
+
+    @property
+    def stream(self) -> str:
+        return f"{self.prefix}:q"
+
+    @property
+    def due(self) -> str:
+        return f"{self.prefix}:due"
+
+    @property
+    def strikes(self) -> str:
+        return f"{self.prefix}:strikes"
+
+    @property
+    def cancel_channel(self) -> str:
+        return f"{self.prefix}:cancel"
+
+    def events_channel(self, key: str) -> str:
+        return f"{self.prefix}:events:{key}"
+
+    def run_key(self, key: str) -> str:
+        return f"{self.prefix}:run:{key}"
+
+    def progress_key(self, key: str) -> str:
+        return f"{self.prefix}:prog:{key}"
+
+    def call(self, name: str, *args: str | bytes) -> ScriptCall:
+        return ScriptCall(name=name, keys=(self.stream, self.due), args=(self.prefix, GROUP, *args))
+
+
+# -- effects to calls ---------------------------------------------------------
+
+
+def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
+    """The script call that carries out ``effect``."""
+    kind = type(effect)
+    if kind is Finish:
+        assert isinstance(effect, Finish)
+        return layout.call(
+            "finish",
+            effect.delivery_id,
+            effect.key,
+            str(effect.generation),
+            effect.state.value,
+            number(effect.now),
+            number(effect.ttl),
+            effect.error or "",
+            "0" if effect.result is None else "1",
+            effect.result or b"",
+        )
+    if kind is Claim:
+        assert isinstance(effect, Claim)
+        items: list[str] = []
+        for item in effect.items:
+            items += [item.delivery_id, item.key, str(item.generation)]
+        return layout.call("claim", effect.worker, number(effect.now), *items)
+    if kind is Schedule:
+        assert isinstance(effect, Schedule)
+        m = effect.message
+        return layout.call(
+            "schedule",
+            m.key,
+            m.function,
+            m.payload,
+            number(m.when),
+            str(m.attempt),
+            effect.mode.value,
+            number(effect.now),
+            effect.acknowledge or "",
+            "" if effect.expect_generation is None else str(effect.expect_generation),
+        )
+    if kind is RenewLeases:
+        assert isinstance(effect, RenewLeases)
+        slots: list[str] = []
+        for limit_key, holder in effect.slots:
+            slots += [limit_key, holder]
+        return layout.call(
+            "renew",
+            effect.worker,
+            number(effect.now),
+            RENEWED_SLOT_TTL_MS,
+            str(len(effect.delivery_ids)),
+            *effect.delivery_ids,
+            *slots,
+        )
+    if kind is AcquireSlot:
+        assert isinstance(effect, AcquireSlot)
+        return layout.call(
+            "acquire",
+            effect.limit_key,
+            effect.holder,
+            str(effect.max_concurrent),
+            number(effect.now),
+            number(effect.stale_after),
+            str(int(max(effect.stale_after * 4, 60) * 1000)),
+            effect.delivery_id,
+            effect.message.key,
+            str(effect.message.generation),
+        )
+    if kind is ReleaseSlot:
+        assert isinstance(effect, ReleaseSlot)
+        return layout.call("release", effect.limit_key, effect.holder, number(effect.now))
+    if kind is Cancel:
+        assert isinstance(effect, Cancel)
+        return layout.call("cancel", effect.key, number(effect.now), number(effect.ttl))
+    if kind is Heartbeat:
+        assert isinstance(effect, Heartbeat)
+        return layout.call(
+            "heartbeat",
+            effect.worker,
+            number(effect.now),
+            "1" if effect.leaving else "0",
+            WORKER_INFO_TTL_MS,
+            json.dumps(list(effect.tasks)),
+        )
+    raise TypeError(f"no script carries out {effect!r}")
+
+
+# -- replies to outcomes -------------------------------------------------------
+
+
+def outcome_for(effect: StoreEffect, reply: Any) -> Outcome:
+    """Decode the reply of ``call_for(effect)`` into the core's outcome."""
+    kind = type(effect)
+    try:
+        if kind is Finish:
+            assert isinstance(effect, Finish)
+            return FinishDone(delivery_id=effect.delivery_id, recorded=int(reply) == 1)
+        if kind is Claim:
+            assert isinstance(effect, Claim)
+            verdicts = tuple(
+                (item.delivery_id, ClaimVerdict(text(v)))
+                for item, v in zip(effect.items, reply, strict=True)
+            )
+            return ClaimDone(verdicts=verdicts)
+        if kind is Schedule:
+            assert isinstance(effect, Schedule)
+            accepted, generation, state = reply
+            return Scheduled(
+                key=effect.message.key,
+                accepted=int(accepted) == 1,
+                generation=int(text(generation)),
+                state=ExecutionState(text(state)) if text(state) else None,
+            )
+        if kind is RenewLeases:
+            return LeasesRenewed(lost=tuple(text(i) for i in reply))
+        if kind is AcquireSlot:
+            assert isinstance(effect, AcquireSlot)
+            return SlotDone(delivery_id=effect.delivery_id, acquired=int(reply) == 1)
+        if kind is ReleaseSlot:
+            assert isinstance(effect, ReleaseSlot)
+            return SlotReleased(limit_key=effect.limit_key, woken=int(reply))
+        if kind is Cancel:
+            assert isinstance(effect, Cancel)
+            previous = text(reply)
+            return CancelDone(
+                key=effect.key, previous=ExecutionState(previous) if previous else None
+            )
+        if kind is Heartbeat:
+            return HeartbeatDone()
+    except (TypeError, ValueError) as error:
+        raise StoreError(f"unexpected reply {reply!r} to {effect!r}") from error
+    raise TypeError(f"no script carries out {effect!r}")
+
+
+def fields_of(flat: Sequence[Any]) -> dict[str, Any]:
+    """``[f1, v1, f2, v2, ...]`` as a dict with text field names."""
+    return {text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def message_of(fields: dict[str, Any]) -> TaskMessage:
+    return TaskMessage(
+        key=text(fields["k"]),
+        function=text(fields["f"]),
+        payload=bytes(fields["p"]) if not isinstance(fields["p"], str) else fields["p"].encode(),
+        when=float(text(fields["w"])),
+        attempt=int(text(fields["a"])),
+        generation=int(text(fields["g"])),
+    )
+
+
+def parse_read(reply: Any) -> ReadResult:
+    entries, next_due = reply
+    deliveries = []
+    for entry_id, flat, redelivered in entries:
+        deliveries.append(
+            Delivery(
+                delivery_id=text(entry_id),
+                message=message_of(fields_of(flat)),
+                redelivered=int(redelivered) == 1,
+            )
+        )
+    due = text(next_due) if next_due is not None else ""
+    return ReadResult(deliveries=tuple(deliveries), next_due=float(due) if due else None)
+
+
+def parse_stream_entries(entries: Any) -> list[Delivery]:
+    """Entries of a plain XREADGROUP reply (``[[id, [f, v, ...]], ...]``)."""
+    return [
+        Delivery(delivery_id=text(entry_id), message=message_of(fields_of(flat)))
+        for entry_id, flat in entries
+        if flat and text(flat[0]) != "wake"
+    ]
+
+
+def wake_ids(entries: Any) -> list[str]:
+    return [text(entry_id) for entry_id, flat in entries if not flat or text(flat[0]) == "wake"]
+
+
+def parse_record(key: str, flat: Sequence[Any]) -> ExecutionRecord | None:
+    if not flat:
+        return None
+    f = fields_of(flat)
+    if "state" not in f or "f" not in f:
+        return None
+
+    def optional_float(name: str) -> float | None:
+        return float(text(f[name])) if name in f else None
+
+    payload = f.get("p", b"")
+    result = f.get("result")
+    return ExecutionRecord(
+        key=key,
+        function=text(f["f"]),
+        payload=payload.encode() if isinstance(payload, str) else bytes(payload),
+        when=float(text(f.get("w", "0"))),
+        attempt=int(text(f.get("a", "1"))),
+        generation=int(text(f.get("g", "0"))),
+        state=ExecutionState(text(f["state"])),
+        worker=text(f["worker"]) if "worker" in f else None,
+        started_at=optional_float("started"),
+        completed_at=optional_float("completed"),
+        error=text(f["error"]) if "error" in f else None,
+        result=(result.encode() if isinstance(result, str) else bytes(result))
+        if result is not None
+        else None,
+    )
+
+
+def parse_progress(flat: Sequence[Any]) -> ProgressRecord | None:
+    if not flat:
+        return None
+    f = fields_of(flat)
+    return ProgressRecord(
+        current=int(text(f.get("current", "0"))),
+        total=int(text(f.get("total", "100"))),
+        message=text(f["message"]) if "message" in f else None,
+        updated_at=float(text(f["updated"])) if "updated" in f else None,
+    )
+
+
+def progress_call(
+    layout: Layout,
+    key: str,
+    *,
+    now: float,
+    current: int | None,
+    increment: int | None,
+    total: int | None,
+    message: str | None,
+    clear_message: bool,
+) -> ScriptCall:
+    def opt(value: int | None) -> str:
+        return "" if value is None else str(value)
+
+    return layout.call(
+        "progress",
+        key,
+        number(now),
+        opt(current),
+        opt(increment),
+        opt(total),
+        message or "",
+        "1" if clear_message else "0",
+    )
+
+
+def parse_progress_reply(reply: Any, now: float) -> ProgressRecord:
+    current, total, message = reply
+    return ProgressRecord(
+        current=int(text(current)),
+        total=int(text(total)),
+        message=text(message) if message is not None else None,
+        updated_at=now,
+    )
+
+
+def parse_snapshot(reply: Any, now: float) -> StoreSnapshot:
+    entries, pending, scheduled, parked, infos = reply
+    held = {text(p[0]): (text(p[1]), int(p[2])) for p in pending}
+    future: list[TaskMessage] = []
+    running: list[RunningRecord] = []
+    for entry_id, flat in entries:
+        if not flat or text(flat[0]) == "wake":
+            continue
+        message = message_of(fields_of(flat))
+        holder = held.get(text(entry_id))
+        if holder is None:
+            future.append(message)
+        else:
+            worker, idle_ms = holder
+            running.append(
+                RunningRecord(message=message, worker=worker, started=now - idle_ms / 1000)
+            )
+    future.extend(message_of(fields_of(flat)) for flat in scheduled if flat)
+    future.extend(message_of(fields_of(flat)) for flat in parked if flat)
+    future.sort(key=lambda m: m.when)
+    workers = tuple(
+        WorkerRecord(
+            name=text(name),
+            last_seen=float(text(score)),
+            tasks=frozenset(json.loads(text(tasks))),
+        )
+        for name, score, tasks in infos
+    )
+    return StoreSnapshot(taken=now, future=tuple(future), running=tuple(running), workers=workers)

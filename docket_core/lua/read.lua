@@ -1,0 +1,52 @@
+-- Read: ARGV = prefix, group, worker, count, now, redelivery_ms, promote_limit.
+-- Queues due messages, takes over deliveries idle for redelivery_ms, then
+-- reads new ones.  Returns {deliveries, next_due} where each delivery is
+-- {id, fields, redelivered}; wake entries are acknowledged and skipped.
+local worker, count, now = ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local idle, limit = ARGV[6], tonumber(ARGV[7])
+local due = redis.call('ZRANGEBYSCORE', DUE, '-inf', now, 'LIMIT', 0, limit)
+for _, key in ipairs(due) do
+  local m = redis.call('HMGET', msg_key(key), 'f', 'p', 'w', 'a', 'g')
+  redis.call('ZREM', DUE, key)
+  redis.call('DEL', msg_key(key))
+  if m[1] then
+    enqueue(key, m[1], m[2], m[3], m[4], m[5])
+  end
+end
+-- free the slots of holders that stopped renewing (their worker died) and
+-- wake a waiter for each; a limit nobody holds wakes a waiter too
+for _, limit in ipairs(redis.call('SMEMBERS', P .. ':waiting')) do
+  local slots = P .. ':slots:' .. limit
+  local freed = redis.call('ZREMRANGEBYSCORE', slots, '-inf', tonumber(now) - tonumber(idle) / 1000)
+  for _ = 1, freed do wake(limit, now) end
+  if redis.call('ZCARD', slots) == 0 then wake(limit, now) end
+end
+local out = {}
+local function take(entries, redelivered)
+  for _, entry in ipairs(entries) do
+    local id, fields = entry[1], entry[2]
+    if not fields or fields[1] == 'wake' then
+      acknowledge(id)
+    else
+      out[#out + 1] = {id, fields, redelivered}
+    end
+  end
+end
+local ok, claimed = pcall(redis.call, 'XAUTOCLAIM', Q, GROUP, worker, idle, '0-0',
+                          'COUNT', count)
+if not ok then
+  if string.find(tostring(claimed), 'NOGROUP') then
+    redis.call('XGROUP', 'CREATE', Q, GROUP, '0', 'MKSTREAM')
+    claimed = {'0-0', {}}
+  else
+    return redis.error_reply(tostring(claimed))
+  end
+end
+take(claimed[2], 1)
+if #out < count then
+  local fresh = redis.call('XREADGROUP', 'GROUP', GROUP, worker, 'COUNT',
+                           count - #out, 'STREAMS', Q, '>')
+  if fresh then take(fresh[1][2], 0) end
+end
+local head = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
+return {out, head[2] or ''}

@@ -1,0 +1,18 @@
+-- RenewLeases: ARGV = prefix, group, worker, now, slot_ttl_ms, n, n delivery ids,
+-- then (limit, holder) pairs.  Returns the ids this worker no longer holds.
+local worker, now, slot_ttl, n = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
+local lost = {}
+for i = 7, 6 + n do
+  local id = ARGV[i]
+  if holder_of(id) == worker then
+    redis.call('XCLAIM', Q, GROUP, worker, 0, id, 'JUSTID')
+  else
+    lost[#lost + 1] = id
+  end
+end
+for i = 7 + n, #ARGV, 2 do
+  local slots = P .. ':slots:' .. ARGV[i]
+  redis.call('ZADD', slots, 'XX', now, ARGV[i + 1])
+  redis.call('PEXPIRE', slots, slot_ttl)
+end
+return lost
