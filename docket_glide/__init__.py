@@ -1,22 +1,9 @@
-"""The Valkey GLIDE adapter for docket (``glide://``, ``glides://`` URLs).
+"""docket_glide: the Valkey GLIDE adapter for ``glide://`` and ``glides://`` (TLS).
 
-Not implemented yet: the adapter, built on valkey-glide and the same Lua
-scripts as the Redis adapter, lands with its own issue.  Until then this
-module only says so, clearly, when a docket asks for it.
+It runs the same key layout and Lua scripts as ``docket_redis`` (from
+``docket_core.lua``) without importing redis-py.
 """
 
-from __future__ import annotations
+from .store import GlideStore, configuration_from_url
 
-from docket_core.sansio.errors import UsageError
-
-__all__ = ["GlideStore"]
-
-
-class GlideStore:
-    """Placeholder for the GLIDE storage adapter; it cannot be built yet."""
-
-    @classmethod
-    def from_url(cls, url: str, *, name: str) -> GlideStore:
-        raise UsageError(
-            "the glide:// adapter is not available yet in this version of docket; use memory://"
-        )
+__all__ = ["GlideStore", "configuration_from_url"]
