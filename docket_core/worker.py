@@ -207,6 +207,7 @@ class Worker:
                 continue
             next_due = result.next_due
             if result.deliveries:
+                self._strikes = await adapter.strikes()
                 arrivals = tuple(self._prepare(d) for d in result.deliveries)
                 machine.receive(Delivered(arrivals=arrivals, now=time.time()))
                 self._dirty.set()
@@ -272,7 +273,6 @@ class Worker:
         while True:
             await self._dirty.wait()
             self._dirty = anyio.Event()
-            self._strikes = await adapter.strikes()
             while effects := machine.effects():
                 store: list[StoreEffect] = []
                 for effect in effects:
