@@ -269,7 +269,6 @@ class Worker:
     async def _flusher(self) -> None:
         machine = self._machine
         assert machine is not None
-        adapter = self.docket.adapter
         while True:
             await self._dirty.wait()
             self._dirty = anyio.Event()
