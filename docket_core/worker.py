@@ -19,6 +19,7 @@ import signal
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from functools import partial
@@ -93,8 +94,9 @@ class Worker:
 
     @property
     def counters(self) -> Mapping[str, int]:
-        """What the worker has done so far (delivered, started, completed, ...)."""
-        return dict(self._machine.counters) if self._machine else {}
+        """What the worker has done so far (delivered, started, succeeded, ...);
+        a snapshot in which a count never reached reads as 0."""
+        return Counter(self._machine.counters) if self._machine else Counter()
 
     # -- public run modes ----------------------------------------------------------
 
@@ -183,6 +185,8 @@ class Worker:
         redelivery = self.redelivery_timeout.total_seconds()
         next_due: float | None = None
         while not self._stopping.is_set():
+            # a point to notice cancellation even when the store never blocks
+            await anyio.lowlevel.checkpoint()
             capacity = machine.capacity
             if capacity == 0:
                 await self._capacity.wait()
@@ -380,7 +384,8 @@ class Worker:
             on_deadline_change=on_deadline,
             report_progress=partial(_report, self.docket, execution.key),
         )
-        scope = anyio.CancelScope()
+        # shielded: a stopping worker drains its tasks; only CancelTask cancels them
+        scope = anyio.CancelScope(shield=True)
         self._scopes[delivery_id] = scope
         with scope:
             try:

@@ -143,7 +143,9 @@ class MemoryStore:
                 key=key, accepted=False, generation=record.generation, state=record.state
             )
         shelf.unqueue(key)
-        generation = (record.generation if record is not None else 0) + 1
+        # generations come from one docket-wide counter, so they are never
+        # reused, even after a record was deleted (execution_ttl=0) or expired
+        generation = next(shelf.ids)
         message = attrs.evolve(message, generation=generation)
         state = shelf.enqueue(message, effect.now)
         shelf.records[key] = ExecutionRecord(
@@ -230,7 +232,7 @@ class MemoryStore:
         shelf.conclude(
             attrs.evolve(
                 record,
-                generation=record.generation + 1,
+                generation=next(shelf.ids),
                 state=ExecutionState.CANCELLED,
                 completed_at=effect.now,
             ),

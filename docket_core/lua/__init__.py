@@ -18,6 +18,7 @@ sub-namespaces, so no task key can collide with an internal key):
 ``P:slots:<limit>``     zset    concurrency slot holder -> last renewal
 ``P:wait:<limit>``      list    task keys parked behind a full limit, oldest first
 ``P:waiting``           set     limits that have parked task keys
+``P:generation``        string  the docket's generation counter
 ``P:workers``           zset    worker -> last heartbeat
 ``P:worker-tasks:<w>``  string  JSON list of a worker's task names (expires)
 ``P:strikes``           stream  strike and restore instructions, in order
@@ -26,7 +27,7 @@ sub-namespaces, so no task key can collide with an internal key):
 ======================  ======  ===================================================
 
 Permanent keys (no TTL while the docket is in use): ``P:q``, ``P:due``,
-``P:waiting``, ``P:workers``, ``P:strikes``.  A record (``P:run:<key>``) has no
+``P:waiting``, ``P:workers``, ``P:strikes``, ``P:generation``.  A record (``P:run:<key>``) has no
 TTL while its key is live and ``execution_ttl`` once it ended; every other key
 is deleted when emptied or carries a TTL.
 """

@@ -5,7 +5,7 @@ local state = redis.call('HGET', run, 'state')
 if not state then return '' end
 if not LIVE[state] then return state end
 unqueue(key)
-redis.call('HINCRBY', run, 'g', 1)
+redis.call('HSET', run, 'g', next_generation())
 redis.call('HSET', run, 'state', 'cancelled', 'completed', now)
 conclude(key, ttl)
 publish(key, {type = 'state', state = 'cancelled', completed_at = tonumber(now)})

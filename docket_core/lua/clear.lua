@@ -6,7 +6,7 @@ local function cancel(key)
   local run = run_key(key)
   unqueue(key)
   if redis.call('EXISTS', run) == 1 then
-    redis.call('HINCRBY', run, 'g', 1)
+    redis.call('HSET', run, 'g', next_generation())
     redis.call('HSET', run, 'state', 'cancelled', 'completed', now)
     conclude(key, ttl)
     publish(key, {type = 'state', state = 'cancelled', completed_at = tonumber(now)})

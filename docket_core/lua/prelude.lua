@@ -69,6 +69,12 @@ end
 
 local LIVE = {scheduled = true, queued = true, running = true}
 
+-- generations come from one docket-wide counter: never reused, even after a
+-- record was deleted (execution_ttl=0) or expired
+local function next_generation()
+  return redis.call('INCR', P .. ':generation')
+end
+
 -- queue the oldest live waiter of a limit; returns 1 if one woke
 local function wake(limit, now)
   local waiting = wait_key(limit)

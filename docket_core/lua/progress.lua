@@ -16,6 +16,6 @@ local r = redis.call('HMGET', prog, 'current', 'total', 'message')
 local current, total = tonumber(r[1] or '0'), tonumber(r[2] or '100')
 local event = {type = 'progress', current = current, total = total,
                updated_at = tonumber(now)}
-if r[3] then event['message'] = r[3] end
+event['message'] = r[3] or cjson.null
 publish(key, event)
 return {tostring(current), tostring(total), r[3] or false}

@@ -13,7 +13,7 @@ if mode == 'add' and state and LIVE[state] then
   return {0, tostring(gen), state}
 end
 unqueue(key)
-gen = gen + 1
+gen = next_generation()
 redis.call('DEL', prog_key(key))
 redis.call('HDEL', run, 'worker', 'started', 'completed', 'error', 'result')
 redis.call('HSET', run, 'f', fn, 'p', payload, 'w', when, 'a', attempt, 'g', gen)

@@ -243,7 +243,7 @@ class WorkerMachine:
                 del self.in_flight[delivery_id]
                 continue
             limit = flight.policy.concurrency
-            if limit is None:
+            if limit is None or flight.cancel_reason is not None:
                 self._start(flight, Step.CLAIMED, now)
                 continue
             flight.phase = lifecycle.advance(flight.phase, Step.CLAIMED_LIMITED)
@@ -266,15 +266,6 @@ class WorkerMachine:
         if outcome.acquired:
             assert flight.policy.concurrency is not None
             flight.slot = flight.policy.concurrency.limit_key
-            if flight.cancel_reason == "cancelled":
-                # cancelled while it waited for the slot: it never starts
-                flight.phase = lifecycle.advance(flight.phase, Step.SLOT_ACQUIRED)
-                self._task_ended(
-                    TaskEnded(
-                        delivery_id=flight.delivery_id, now=now, outcome=TaskOutcome.CANCELLED
-                    )
-                )
-                return
             self._start(flight, Step.SLOT_ACQUIRED, now)
         else:
             self.counters["parked"] += 1
@@ -284,6 +275,16 @@ class WorkerMachine:
     def _start(self, flight: InFlight, step: Step, now: float) -> None:
         flight.phase = lifecycle.advance(flight.phase, step)
         flight.started_at = now
+        reason = flight.cancel_reason
+        if reason is not None:
+            # cancelled, or taken over by another worker, while it was being
+            # claimed or admitted: it never starts, and it ends as it would have
+            step = Step.LEASE_LOST if reason == "lease-lost" else Step.CANCEL
+            flight.phase = lifecycle.advance(flight.phase, step)
+            self._task_ended(
+                TaskEnded(delivery_id=flight.delivery_id, now=now, outcome=TaskOutcome.CANCELLED)
+            )
+            return
         if flight.policy.timeout is not None:
             flight.deadline = now + flight.policy.timeout
             self._timeouts += 1
@@ -304,6 +305,7 @@ class WorkerMachine:
             self.counters["abandoned"] += 1
             if release is not None:
                 self._effects.append(release)
+            self._maybe_goodbye(event.now)
             return
         outcome, error = event.outcome, event.error
         if flight.cancel_reason == "timeout" and outcome is TaskOutcome.CANCELLED:
@@ -357,8 +359,8 @@ class WorkerMachine:
             if flight.message.key != event.key:
                 continue
             was_running = flight.phase is Phase.RUNNING
-            if flight.phase is Phase.ADMITTING:
-                flight.cancel_reason = "cancelled"
+            if flight.phase in (Phase.CLAIMING, Phase.ADMITTING) and flight.cancel_reason is None:
+                flight.cancel_reason = "cancelled"  # remembered until the store answers
             flight.phase = lifecycle.advance(flight.phase, Step.CANCEL)
             if was_running:
                 flight.cancel_reason = "cancelled"
@@ -369,6 +371,8 @@ class WorkerMachine:
         if flight is None:
             return
         was_executing = flight.phase in lifecycle.EXECUTING
+        if flight.phase in (Phase.CLAIMING, Phase.ADMITTING):
+            flight.cancel_reason = "lease-lost"  # remembered until the store answers
         flight.phase = lifecycle.advance(flight.phase, Step.LEASE_LOST)
         self.counters["lease_lost"] += 1
         if was_executing and flight.cancel_reason != "lease-lost":
@@ -376,6 +380,7 @@ class WorkerMachine:
             self._effects.append(CancelTask(delivery_id=delivery_id, reason="lease-lost"))
 
     def _tick(self, now: float) -> None:
+        self._maybe_goodbye(now)
         if self._timeouts:
             for flight in self.in_flight.values():
                 if (

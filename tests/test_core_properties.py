@@ -1,0 +1,596 @@
+"""Random interleavings of producers, workers, crashes and clock jumps.
+
+A synchronous simulation: one ``MemoryStore`` on a fresh ``Shelf``, a virtual
+clock, and a few ``WorkerMachine``s whose "running" tasks are just entries in
+a dict.  The memory store's coroutines never suspend with ``block=0``, so they
+are driven to completion with ``run``.  Hypothesis picks the order of events;
+after every step the invariants below are checked, and ``teardown`` drains
+everything and checks that no accepted task was lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import Phase as Stage
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from docket_core.sansio.decisions import plan_add
+from docket_core.sansio.effects import (
+    Cancel,
+    CancelTask,
+    Effect,
+    StartTask,
+    StoreEffect,
+)
+from docket_core.sansio.inputs import (
+    Arrival,
+    CancelRequested,
+    Delivered,
+    Scheduled,
+    TaskEnded,
+    TaskOutcome,
+    Tick,
+)
+from docket_core.sansio.lifecycle import Phase
+from docket_core.sansio.values import (
+    ConcurrencyPolicy,
+    Delivery,
+    ExecutionState,
+    RetryPolicy,
+    ScheduleMode,
+    TaskPolicy,
+)
+from docket_core.sansio.worker import WorkerConfig, WorkerMachine
+from docket_memory.shelf import Shelf
+from docket_memory.store import MemoryStore
+
+T = TypeVar("T")
+
+REDELIVERY = 40.0
+HEARTBEAT = 5.0
+#: long enough that no record expires during a run
+TTL = 1e9
+START = 1_000_000.0
+KEYS = ("a", "b", "c", "d", "e", "f")
+#: "e" and "f" share one concurrency slot
+LIMIT = ConcurrencyPolicy(limit_key="limit:ef", max_concurrent=1)
+POLICIES = {
+    "a": TaskPolicy(),
+    "b": TaskPolicy(retry=RetryPolicy(attempts=3, delay=2.0)),
+    "c": TaskPolicy(
+        retry=RetryPolicy(attempts=None, delay=1.0, exponential=True, maximum_delay=8.0)
+    ),
+    "d": TaskPolicy(timeout=20.0, retry=RetryPolicy(attempts=2, delay=1.0)),
+    "e": TaskPolicy(concurrency=LIMIT),
+    "f": TaskPolicy(concurrency=LIMIT, retry=RetryPolicy(attempts=2, delay=1.0)),
+}
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Drive a coroutine that never suspends to completion."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    coro.close()
+    raise AssertionError("suspended")
+
+
+@attrs.define
+class Running:
+    """A task function 'running' in the simulation."""
+
+    key: str
+    generation: int
+    #: the reason of a CancelTask received, if any: it ends CANCELLED
+    cancel: str | None = None
+
+
+@attrs.define
+class SimWorker:
+    name: str
+    machine: WorkerMachine
+    running: dict[str, Running] = attrs.field(factory=dict)
+
+
+class Simulation:
+    """The world: clock, store and workers, driven one step at a time."""
+
+    def __init__(self, workers: int = 3, execution_ttl: float = TTL, concurrency: int = 3) -> None:
+        self.now = START
+        self.shelf = Shelf()
+        self.store = MemoryStore(name="sim", shelf=self.shelf)
+        self.execution_ttl = execution_ttl
+        self.concurrency = concurrency
+        self.serial = 0
+        self.workers: list[SimWorker] = [self.fresh_worker() for _ in range(workers)]
+        #: keys with at least one accepted add/replace
+        self.accepted: set[str] = set()
+        self.starts = 0
+
+    def fresh_worker(self) -> SimWorker:
+        self.serial += 1
+        name = f"worker-{self.serial}"
+        config = WorkerConfig(
+            name=name,
+            concurrency=self.concurrency,
+            redelivery_timeout=REDELIVERY,
+            heartbeat_interval=HEARTBEAT,
+            execution_ttl=self.execution_ttl,
+        )
+        return SimWorker(name=name, machine=WorkerMachine(config, self.now))
+
+    # -- producers -------------------------------------------------------------
+
+    def add(self, key: str, mode: ScheduleMode, delay: float) -> Scheduled:
+        effect = plan_add(
+            key=key, function="f", payload=b"", when=self.now + delay, mode=mode, now=self.now
+        )
+        (outcome,) = run(self.store.execute([effect]))
+        assert isinstance(outcome, Scheduled)
+        if outcome.accepted:
+            self.accepted.add(key)
+        return outcome
+
+    def cancel(self, key: str) -> None:
+        run(self.store.execute([Cancel(key=key, now=self.now, ttl=self.execution_ttl)]))
+        # the store's cancellation signal reaches every worker
+        for worker in self.workers:
+            worker.machine.receive(CancelRequested(key=key, now=self.now))
+            self.pump(worker)
+
+    # -- workers ---------------------------------------------------------------
+
+    def pump(self, worker: SimWorker) -> None:
+        """Carry out every effect the machine produced, until it has none."""
+        machine = worker.machine
+        while effects := machine.effects():
+            store: list[StoreEffect] = []
+            for effect in effects:
+                self.runtime_effect(worker, effect, store)
+            if store:
+                outcomes = run(self.store.execute(store))
+                machine.store_replied(store, outcomes, self.now)
+
+    def runtime_effect(self, worker: SimWorker, effect: Effect, store: list[StoreEffect]) -> None:
+        if isinstance(effect, StartTask):
+            flight = worker.machine.in_flight[effect.delivery_id]
+            assert effect.delivery_id not in worker.running
+            worker.running[effect.delivery_id] = Running(
+                key=flight.message.key, generation=flight.message.generation
+            )
+            self.starts += 1
+        elif isinstance(effect, CancelTask):
+            running = worker.running.get(effect.delivery_id)
+            if running is not None:
+                running.cancel = effect.reason
+        else:
+            assert isinstance(effect, StoreEffect)
+            store.append(effect)
+
+    def read(self, worker: SimWorker) -> None:
+        capacity = worker.machine.capacity
+        if capacity == 0:
+            return
+        before = {
+            delivery_id: (held.worker, held.renewed_at)
+            for delivery_id, held in self.shelf.held.items()
+        }
+        result = run(
+            self.store.read(
+                worker=worker.name,
+                count=capacity,
+                now=self.now,
+                redelivery_timeout=REDELIVERY,
+                block=0,
+            )
+        )
+        assert len(result.deliveries) <= capacity
+        for delivery in result.deliveries:
+            previous = before.get(delivery.delivery_id)
+            if previous is not None:
+                # the store hands out a held delivery only once its lease ran out
+                holder, renewed_at = previous
+                assert renewed_at <= self.now - REDELIVERY, (
+                    f"{delivery.delivery_id} held by {holder} (renewed at "
+                    f"{renewed_at - START}) handed to {worker.name} at {self.now - START}"
+                )
+                assert delivery.redelivered
+            else:
+                assert not delivery.redelivered
+        if result.deliveries:
+            arrivals = tuple(self.arrival(d) for d in result.deliveries)
+            worker.machine.receive(Delivered(arrivals=arrivals, now=self.now))
+            self.pump(worker)
+
+    def arrival(self, delivery: Delivery) -> Arrival:
+        return Arrival(delivery=delivery, policy=POLICIES[delivery.message.key])
+
+    def end(self, worker: SimWorker, delivery_id: str, outcome: TaskOutcome) -> None:
+        running = worker.running.pop(delivery_id)
+        if running.cancel is not None:
+            outcome = TaskOutcome.CANCELLED
+        error = "RuntimeError: boom" if outcome is TaskOutcome.FAILED else None
+        worker.machine.receive(
+            TaskEnded(delivery_id=delivery_id, now=self.now, outcome=outcome, error=error)
+        )
+        self.pump(worker)
+
+    def tick(self, worker: SimWorker) -> None:
+        worker.machine.receive(Tick(now=self.now))
+        self.pump(worker)
+
+    def crash(self, index: int) -> None:
+        """The worker's process dies: its machine and tasks vanish unannounced."""
+        self.workers[index] = self.fresh_worker()
+
+    # -- checks ----------------------------------------------------------------
+
+    def lease_valid(self, worker: SimWorker, delivery_id: str) -> bool:
+        held = self.shelf.held.get(delivery_id)
+        return (
+            held is not None
+            and held.worker == worker.name
+            and held.renewed_at > self.now - REDELIVERY
+        )
+
+    def check(self) -> None:
+        shelf = self.shelf
+        # replace leaves at most one scheduled or queued message per key, and it
+        # is the key's current generation
+        waiting: dict[str, list[int]] = {}
+        for message in shelf.ready.values():
+            waiting.setdefault(message.key, []).append(message.generation)
+        for message in shelf.future.values():
+            waiting.setdefault(message.key, []).append(message.generation)
+        for key, generations in waiting.items():
+            assert len(generations) == 1, (key, generations)
+            record = shelf.records[key]
+            assert generations[0] == record.generation, (key, generations, record)
+            assert record.state in (ExecutionState.SCHEDULED, ExecutionState.QUEUED), record
+        assert set(shelf.ready_ids) == {m.key for m in shelf.ready.values()}
+        for delivery_id, message in shelf.ready.items():
+            assert shelf.ready_ids[message.key] == delivery_id
+        # a key's current generation never runs twice at once with valid leases
+        owners: dict[tuple[str, int], list[str]] = {}
+        for worker in self.workers:
+            for delivery_id, running in worker.running.items():
+                flight = worker.machine.in_flight.get(delivery_id)
+                assert flight is not None, (worker.name, delivery_id)
+                assert flight.phase in (Phase.RUNNING, Phase.CANCELLING, Phase.ABANDONING)
+                if flight.phase is Phase.ABANDONING or not self.lease_valid(worker, delivery_id):
+                    continue
+                owners.setdefault((running.key, running.generation), []).append(
+                    f"{worker.name}:{delivery_id}"
+                )
+        for (key, generation), holders in owners.items():
+            current = shelf.records.get(key)
+            if current is not None and current.generation == generation:
+                assert len(holders) == 1, (key, generation, holders)
+        # a limit is never exceeded by task functions holding a live slot
+        limited = [
+            (worker.name, delivery_id)
+            for worker in self.workers
+            for delivery_id in worker.running
+            if worker.machine.in_flight[delivery_id].slot is not None
+            and self.shelf.slots.get(LIMIT.limit_key, {}).get(
+                worker.machine.holder(delivery_id), -1e18
+            )
+            > self.now - REDELIVERY
+        ]
+        assert len(limited) <= LIMIT.max_concurrent, limited
+        assert len(shelf.slots.get(LIMIT.limit_key, {})) <= LIMIT.max_concurrent
+        # every delivery a machine holds, the machine is running or finishing;
+        # the simulation settles claims and finishes synchronously
+        for worker in self.workers:
+            for delivery_id, flight in worker.machine.in_flight.items():
+                assert flight.phase in (Phase.RUNNING, Phase.CANCELLING, Phase.ABANDONING), (
+                    worker.name,
+                    delivery_id,
+                    flight.phase,
+                )
+                assert delivery_id in worker.running
+
+    def quiescent(self) -> bool:
+        shelf = self.shelf
+        return (
+            not shelf.ready
+            and not shelf.future
+            and not shelf.held
+            and not shelf.waiters
+            and all(w.machine.idle and not w.running for w in self.workers)
+        )
+
+    def drain(self, rounds: int = 100) -> None:
+        """Let time pass and every worker finish everything."""
+        for _ in range(rounds):
+            if self.quiescent():
+                return
+            self.now += REDELIVERY / 2
+            for worker in self.workers:
+                for delivery_id in sorted(worker.running):
+                    self.end(worker, delivery_id, TaskOutcome.SUCCEEDED)
+                self.tick(worker)
+                self.read(worker)
+                self.check()
+        raise AssertionError(
+            f"not quiescent after {rounds} rounds: ready={dict(self.shelf.ready)} "
+            f"future={self.shelf.future} held={self.shelf.held}"
+        )
+
+
+class DocketMachine(RuleBasedStateMachine):
+    sim: Simulation
+
+    execution_ttl = TTL
+    #: the keys this machine uses (rules draw from ``KEYS`` and map onto these)
+    keys: tuple[str, ...] = KEYS
+
+    def key(self, drawn: str) -> str:
+        return self.keys[KEYS.index(drawn) % len(self.keys)]
+
+    @initialize(
+        workers=st.integers(min_value=2, max_value=3),
+        keys=st.lists(st.sampled_from(KEYS), max_size=4),
+    )
+    def start(self, workers: int, keys: list[str]) -> None:
+        self.sim = Simulation(workers=workers, execution_ttl=self.execution_ttl)
+        for key in keys:
+            self.sim.add(self.key(key), ScheduleMode.ADD, 0.0)
+
+    def worker(self, index: int) -> SimWorker:
+        return self.sim.workers[index % len(self.sim.workers)]
+
+    # -- producers -------------------------------------------------------------
+
+    @rule(
+        key=st.sampled_from(KEYS),
+        mode=st.sampled_from(ScheduleMode),
+        delay=st.sampled_from([0.0, 0.0, 1.0, 5.0, 30.0]),
+    )
+    def add(self, key: str, mode: ScheduleMode, delay: float) -> None:
+        outcome = self.sim.add(self.key(key), mode, delay)
+        if mode is ScheduleMode.REPLACE:
+            assert outcome.accepted
+
+    @rule(key=st.sampled_from(KEYS))
+    def cancel(self, key: str) -> None:
+        key = self.key(key)
+        self.sim.cancel(key)
+        record = self.sim.shelf.records.get(key)
+        assert record is None or record.state.terminal
+        assert key not in self.sim.shelf.future
+        assert key not in self.sim.shelf.ready_ids
+
+    # -- time --------------------------------------------------------------------
+
+    @rule(
+        jump=st.sampled_from([0.1, 1.0, 3.0, 11.0, REDELIVERY / 2, REDELIVERY + 1, 3 * REDELIVERY])
+    )
+    def advance_clock(self, jump: float) -> None:
+        self.sim.now += jump
+
+    # -- workers -------------------------------------------------------------------
+
+    @rule(index=st.integers(0, 2))
+    def read(self, index: int) -> None:
+        self.sim.read(self.worker(index))
+
+    @rule()
+    def work(self) -> None:
+        """Every worker looks at the clock and reads, as their loops would."""
+        for worker in self.sim.workers:
+            self.sim.tick(worker)
+            self.sim.read(worker)
+
+    @rule(index=st.integers(0, 2))
+    def tick(self, index: int) -> None:
+        self.sim.tick(self.worker(index))
+
+    def any_running(self) -> bool:
+        return any(w.running for w in self.sim.workers)
+
+    @precondition(any_running)
+    @rule(pick=st.integers(0, 8), outcome=st.sampled_from(TaskOutcome))
+    def end_task(self, pick: int, outcome: TaskOutcome) -> None:
+        """One running task function returns, raises or gives up."""
+        running = [
+            (worker, delivery_id)
+            for worker in self.sim.workers
+            for delivery_id in sorted(worker.running)
+        ]
+        worker, delivery_id = running[pick % len(running)]
+        self.sim.end(worker, delivery_id, outcome)
+
+    @precondition(
+        lambda self: any(r.cancel is not None for w in self.sim.workers for r in w.running.values())
+    )
+    @rule()
+    def end_cancelled(self) -> None:
+        """Task functions that were asked to stop do stop."""
+        for worker in self.sim.workers:
+            for delivery_id, running in sorted(worker.running.items()):
+                if running.cancel is not None:
+                    self.sim.end(worker, delivery_id, TaskOutcome.CANCELLED)
+
+    @precondition(lambda self: self.sim.serial < 8)
+    @rule(index=st.integers(0, 2))
+    def crash(self, index: int) -> None:
+        self.sim.crash(index % len(self.sim.workers))
+
+    # -- checks ----------------------------------------------------------------------
+
+    @invariant()
+    def consistent(self) -> None:
+        if hasattr(self, "sim"):
+            self.sim.check()
+
+    def teardown(self) -> None:
+        if not hasattr(self, "sim"):
+            return
+        sim = self.sim
+        sim.drain()
+        for key in sorted(sim.accepted):
+            record = sim.shelf.records.get(key)
+            if sim.execution_ttl < TTL:
+                # a terminal record is deleted at once (ttl 0) or expires
+                assert record is None or record.state.terminal, record
+                continue
+            assert record is not None, key
+            assert record.state.terminal, record
+        for record in sim.shelf.records.values():
+            assert record.state.terminal, record
+        assert not sim.shelf.waiters
+
+
+DocketMachine.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestDocketMachine = DocketMachine.TestCase
+
+
+class FireAndForgetMachine(DocketMachine):
+    """The same world on a docket whose records are deleted when they end."""
+
+    execution_ttl = 0.0
+    keys = ("a", "d")
+
+
+def test_fire_and_forget_docket() -> None:
+    run_state_machine_as_test(
+        FireAndForgetMachine,
+        settings=settings(
+            max_examples=300,
+            stateful_step_count=50,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            # a known failure: no need to shrink it on every run
+            phases=[Stage.explicit, Stage.generate],
+            report_multiple_bugs=False,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
+
+
+# -- a few scripted scenarios, through the same harness ----------------------------------
+
+
+def test_a_crashed_workers_message_is_redelivered_after_the_timeout() -> None:
+    sim = Simulation(workers=2)
+    sim.add("a", ScheduleMode.ADD, 0.0)
+    sim.read(sim.workers[0])
+    assert len(sim.workers[0].running) == 1
+    sim.crash(0)
+    sim.now += REDELIVERY - 1
+    sim.read(sim.workers[1])
+    assert not sim.workers[1].running
+    sim.now += 1
+    sim.read(sim.workers[1])
+    (delivery_id,) = sim.workers[1].running
+    assert sim.workers[1].machine.counters["redelivered"] == 1
+    sim.end(sim.workers[1], delivery_id, TaskOutcome.SUCCEEDED)
+    assert sim.shelf.records["a"].state is ExecutionState.COMPLETED
+    assert sim.quiescent()
+
+
+def test_replace_while_running_runs_the_new_one_and_keeps_the_newest_record() -> None:
+    sim = Simulation(workers=2)
+    sim.add("a", ScheduleMode.ADD, 0.0)
+    sim.read(sim.workers[0])
+    (old,) = sim.workers[0].running
+    replaced = sim.add("a", ScheduleMode.REPLACE, 0.0)
+    sim.read(sim.workers[1])
+    (new,) = sim.workers[1].running
+    sim.end(sim.workers[1], new, TaskOutcome.SUCCEEDED)
+    sim.end(sim.workers[0], old, TaskOutcome.FAILED)
+    record = sim.shelf.records["a"]
+    assert (record.state, record.generation) == (ExecutionState.COMPLETED, replaced.generation)
+
+
+def test_a_silent_worker_loses_its_lease_and_abandons() -> None:
+    sim = Simulation(workers=2)
+    sim.add("a", ScheduleMode.ADD, 0.0)
+    first, second = sim.workers
+    sim.read(first)
+    (delivery_id,) = first.running
+    sim.now += REDELIVERY + 1
+    sim.read(second)
+    assert delivery_id in second.running
+    sim.tick(first)
+    assert first.running[delivery_id].cancel == "lease-lost"
+    sim.end(first, delivery_id, TaskOutcome.CANCELLED)
+    running = sim.shelf.records["a"]
+    assert running.state is ExecutionState.RUNNING
+    sim.end(second, delivery_id, TaskOutcome.SUCCEEDED)
+    assert sim.shelf.records["a"].state is ExecutionState.COMPLETED
+    assert sim.quiescent()
+
+
+def test_renewed_leases_are_not_taken_over() -> None:
+    sim = Simulation(workers=2)
+    sim.add("a", ScheduleMode.ADD, 0.0)
+    first, second = sim.workers
+    sim.read(first)
+    for _ in range(10):
+        sim.now += REDELIVERY / 4
+        sim.tick(first)
+        sim.read(second)
+        assert not second.running
+    assert len(first.running) == 1
+
+
+def test_retries_through_the_store() -> None:
+    sim = Simulation(workers=1)
+    sim.add("b", ScheduleMode.ADD, 0.0)
+    (worker,) = sim.workers
+    for attempt in (1, 2, 3):
+        sim.read(worker)
+        (delivery_id,) = worker.running
+        assert worker.machine.in_flight[delivery_id].message.attempt == attempt
+        sim.end(worker, delivery_id, TaskOutcome.FAILED)
+        sim.now += 2.0
+    record = sim.shelf.records["b"]
+    assert record.state is ExecutionState.FAILED
+    assert record.attempt == 3
+    assert sim.quiescent()
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_every_key_drains(key: str) -> None:
+    sim = Simulation(workers=2)
+    sim.add(key, ScheduleMode.ADD, 5.0)
+    sim.drain()
+    assert sim.shelf.records[key].state is ExecutionState.COMPLETED
+
+
+def test_generation_is_not_reused_after_a_record_expires() -> None:
+    """With ``execution_ttl == 0`` (fire-and-forget) a cancel deletes the record;
+    a stale delivery of the cancelled execution must not pass for the next one."""
+    sim = Simulation(workers=2, execution_ttl=0.0)
+    first, second = sim.workers
+    sim.add("a", ScheduleMode.ADD, 0.0)
+    sim.read(first)
+    (stale,) = first.running
+    sim.crash(0)
+    sim.cancel("a")
+    sim.add("a", ScheduleMode.ADD, 0.0)
+    sim.now += REDELIVERY + 1
+    sim.read(second)
+    assert stale not in second.running, "a cancelled execution ran again"

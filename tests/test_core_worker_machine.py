@@ -1,0 +1,1014 @@
+"""Direct unit tests of ``WorkerMachine``: hand-made inputs and outcomes, no
+store, no runtime, no event loop."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+import pytest
+
+from docket_core.sansio.effects import (
+    AcquireSlot,
+    CancelTask,
+    Claim,
+    ClaimItem,
+    Effect,
+    Finish,
+    Heartbeat,
+    ReleaseSlot,
+    RenewLeases,
+    Schedule,
+    StartTask,
+    StoreEffect,
+)
+from docket_core.sansio.errors import UsageError
+from docket_core.sansio.inputs import (
+    Arrival,
+    CancelRequested,
+    ClaimDone,
+    ClaimVerdict,
+    DeadlineExtended,
+    Delivered,
+    FinishDone,
+    FollowUp,
+    HeartbeatDone,
+    LeasesRenewed,
+    Outcome,
+    Scheduled,
+    ShutdownRequested,
+    SlotDone,
+    SlotReleased,
+    TaskEnded,
+    TaskOutcome,
+    Tick,
+)
+from docket_core.sansio.lifecycle import Phase
+from docket_core.sansio.values import (
+    ConcurrencyPolicy,
+    Delivery,
+    ExecutionState,
+    PerpetualPolicy,
+    RetryPolicy,
+    ScheduleMode,
+    TaskMessage,
+    TaskPolicy,
+)
+from docket_core.sansio.worker import WorkerConfig, WorkerMachine
+
+T = TypeVar("T")
+
+LIMIT = ConcurrencyPolicy(limit_key="limit:f:customer=1", max_concurrent=2)
+
+
+# -- helpers ------------------------------------------------------------------
+
+
+def make_machine(now: float = 0.0, **settings: object) -> WorkerMachine:
+    config = WorkerConfig(name=str(settings.pop("name", "w1")), **settings)  # type: ignore[arg-type]
+    return WorkerMachine(config, now)
+
+
+def message(key: str = "k", *, attempt: int = 1, generation: int = 1) -> TaskMessage:
+    return TaskMessage(
+        key=key, function="f", payload=b"p", when=0.0, attempt=attempt, generation=generation
+    )
+
+
+def arrival(
+    delivery_id: str = "d1",
+    key: str | None = None,
+    *,
+    policy: TaskPolicy | None = None,
+    attempt: int = 1,
+    generation: int = 1,
+    problem: str | None = None,
+    struck: bool = False,
+    redelivered: bool = False,
+) -> Arrival:
+    return Arrival(
+        delivery=Delivery(
+            delivery_id=delivery_id,
+            message=message(key or f"key-{delivery_id}", attempt=attempt, generation=generation),
+            redelivered=redelivered,
+        ),
+        policy=policy or TaskPolicy(),
+        problem=problem,
+        struck=struck,
+    )
+
+
+def of_type(effects: Sequence[Effect], kind: type[T]) -> list[T]:
+    return [e for e in effects if isinstance(e, kind)]
+
+
+def deliver(machine: WorkerMachine, *arrivals: Arrival, now: float = 0.0) -> list[Effect]:
+    machine.receive(Delivered(arrivals=arrivals, now=now))
+    return machine.effects()
+
+
+def reply(
+    machine: WorkerMachine, effect: Effect, outcome: Outcome, now: float = 0.0
+) -> list[Effect]:
+    assert isinstance(effect, StoreEffect)
+    machine.store_replied([effect], [outcome], now)
+    return machine.effects()
+
+
+def claim_all(
+    machine: WorkerMachine, claim: Effect, now: float = 0.0, verdict: ClaimVerdict | None = None
+) -> list[Effect]:
+    assert isinstance(claim, Claim)
+    verdicts = tuple((item.delivery_id, verdict or ClaimVerdict.CLAIMED) for item in claim.items)
+    return reply(machine, claim, ClaimDone(verdicts=verdicts), now)
+
+
+def start(machine: WorkerMachine, a: Arrival, now: float = 0.0) -> list[Effect]:
+    """Deliver ``a`` and claim it; returns the effects after the claim."""
+    (claim,) = deliver(machine, a, now=now)
+    return claim_all(machine, claim, now)
+
+
+def end(
+    machine: WorkerMachine,
+    delivery_id: str,
+    outcome: TaskOutcome,
+    now: float,
+    **fields: object,
+) -> list[Effect]:
+    machine.receive(TaskEnded(delivery_id=delivery_id, now=now, outcome=outcome, **fields))  # type: ignore[arg-type]
+    return machine.effects()
+
+
+def recorded(machine: WorkerMachine, effect: Effect, now: float = 0.0) -> list[Effect]:
+    if isinstance(effect, Finish):
+        outcome: Outcome = FinishDone(delivery_id=effect.delivery_id, recorded=True)
+    else:
+        assert isinstance(effect, Schedule)
+        outcome = Scheduled(
+            key=effect.message.key, accepted=True, generation=2, state=ExecutionState.SCHEDULED
+        )
+    return reply(machine, effect, outcome, now)
+
+
+# -- deliveries and claims ------------------------------------------------------
+
+
+def test_one_claim_batches_every_delivery_of_one_input() -> None:
+    machine = make_machine()
+    effects = deliver(machine, arrival("d1"), arrival("d2"), arrival("d3"), now=5.0)
+    assert effects == [
+        Claim(
+            worker="w1",
+            items=(
+                ClaimItem(delivery_id="d1", key="key-d1", generation=1),
+                ClaimItem(delivery_id="d2", key="key-d2", generation=1),
+                ClaimItem(delivery_id="d3", key="key-d3", generation=1),
+            ),
+            now=5.0,
+        )
+    ]
+    assert {f.phase for f in machine.in_flight.values()} == {Phase.CLAIMING}
+    assert machine.counters["delivered"] == 3
+
+
+def test_separate_inputs_make_separate_claims() -> None:
+    machine = make_machine()
+    assert len(deliver(machine, arrival("d1"))) == 1
+    assert len(deliver(machine, arrival("d2"))) == 1
+
+
+def test_a_delivery_already_held_is_not_claimed_again() -> None:
+    machine = make_machine()
+    deliver(machine, arrival("d1"))
+    assert deliver(machine, arrival("d1", redelivered=True)) == []
+    assert len(machine.in_flight) == 1
+
+
+def test_redelivered_counter() -> None:
+    machine = make_machine()
+    deliver(machine, arrival("d1", redelivered=True))
+    assert machine.counters["redelivered"] == 1
+    assert machine.counters["delivered"] == 0
+
+
+def test_claimed_starts_the_task() -> None:
+    machine = make_machine()
+    effects = start(machine, arrival("d1"), now=1.0)
+    assert effects == [StartTask(delivery_id="d1")]
+    flight = machine.in_flight["d1"]
+    assert flight.phase is Phase.RUNNING
+    assert flight.started_at == 1.0
+    assert machine.counters["started"] == 1
+
+
+def test_mixed_verdicts() -> None:
+    machine = make_machine()
+    (claim,) = deliver(machine, arrival("d1"), arrival("d2"), arrival("d3"))
+    effects = reply(
+        machine,
+        claim,
+        ClaimDone(
+            verdicts=(
+                ("d1", ClaimVerdict.SUPERSEDED),
+                ("d2", ClaimVerdict.CLAIMED),
+                ("d3", ClaimVerdict.CANCELLED),
+            )
+        ),
+    )
+    assert effects == [StartTask(delivery_id="d2")]
+    assert set(machine.in_flight) == {"d2"}
+
+
+@pytest.mark.parametrize("verdict", [ClaimVerdict.SUPERSEDED, ClaimVerdict.CANCELLED])
+def test_a_lost_claim_drops_the_delivery(verdict: ClaimVerdict) -> None:
+    machine = make_machine()
+    (claim,) = deliver(machine, arrival("d1"))
+    assert claim_all(machine, claim, verdict=verdict) == []
+    assert machine.in_flight == {}
+    assert machine.idle
+    assert machine.counters[verdict.value] == 1
+
+
+def test_a_verdict_for_an_unknown_delivery_is_ignored() -> None:
+    machine = make_machine()
+    (claim,) = deliver(machine, arrival("d1"))
+    effects = reply(machine, claim, ClaimDone(verdicts=(("nope", ClaimVerdict.CLAIMED),)))
+    assert effects == []
+    assert machine.in_flight["d1"].phase is Phase.CLAIMING
+
+
+# -- rejections ---------------------------------------------------------------------
+
+
+def test_a_problem_is_a_recorded_failure_with_the_reason() -> None:
+    machine = make_machine(execution_ttl=60.0)
+    effects = deliver(machine, arrival("d1", generation=4, problem="unknown task 'f'"), now=3.0)
+    assert effects == [
+        Finish(
+            delivery_id="d1",
+            key="key-d1",
+            generation=4,
+            state=ExecutionState.FAILED,
+            now=3.0,
+            ttl=3600.0,
+            error="unknown task 'f'",
+        )
+    ]
+    assert machine.in_flight["d1"].phase is Phase.FINISHING
+    assert machine.counters["failed"] == 1
+    assert recorded(machine, effects[0]) == []
+    assert machine.idle
+
+
+def test_struck_is_a_cancellation() -> None:
+    machine = make_machine(execution_ttl=60.0)
+    effects = deliver(machine, arrival("d1", struck=True), now=3.0)
+    (finish,) = effects
+    assert isinstance(finish, Finish)
+    assert finish.state is ExecutionState.CANCELLED
+    assert finish.error is None
+    assert finish.ttl == 60.0
+    assert machine.counters["struck"] == 1
+
+
+def test_rejections_and_claims_in_one_input() -> None:
+    machine = make_machine()
+    effects = deliver(
+        machine, arrival("d1", struck=True), arrival("d2"), arrival("d3", problem="x")
+    )
+    assert [type(e) for e in effects] == [Finish, Finish, Claim]
+    claim = effects[-1]
+    assert isinstance(claim, Claim)
+    assert [i.delivery_id for i in claim.items] == ["d2"]
+
+
+# -- the end of a run ---------------------------------------------------------------
+
+
+def test_success_is_completed_with_its_result() -> None:
+    machine = make_machine(execution_ttl=60.0)
+    start(machine, arrival("d1", generation=7))
+    effects = end(machine, "d1", TaskOutcome.SUCCEEDED, 2.0, result=b"42")
+    assert effects == [
+        Finish(
+            delivery_id="d1",
+            key="key-d1",
+            generation=7,
+            state=ExecutionState.COMPLETED,
+            now=2.0,
+            ttl=60.0,
+            result=b"42",
+        )
+    ]
+    assert machine.in_flight["d1"].phase is Phase.FINISHING
+    assert recorded(machine, effects[0], 2.0) == []
+    assert machine.idle
+    assert machine.counters["succeeded"] == 1
+
+
+def test_fire_and_forget_keeps_no_result() -> None:
+    machine = make_machine(execution_ttl=0.0)
+    start(machine, arrival("d1"))
+    (finish,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 2.0, result=b"42")
+    assert isinstance(finish, Finish)
+    assert finish.result is None
+    assert finish.ttl == 0.0
+
+
+def test_failure_without_retry_is_failed() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1"))
+    (finish,) = end(machine, "d1", TaskOutcome.FAILED, 2.0, error="ValueError: no")
+    assert isinstance(finish, Finish)
+    assert finish.state is ExecutionState.FAILED
+    assert finish.error == "ValueError: no"
+
+
+def test_failure_with_a_retry_policy_is_scheduled_again() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(retry=RetryPolicy(attempts=3, delay=5.0))
+    start(machine, arrival("d1", policy=policy, generation=9), now=1.0)
+    effects = end(machine, "d1", TaskOutcome.FAILED, 10.0, error="E: x")
+    assert effects == [
+        Schedule(
+            message=TaskMessage(
+                key="key-d1", function="f", payload=b"p", when=15.0, attempt=2, generation=9
+            ),
+            mode=ScheduleMode.REPLACE,
+            now=10.0,
+            acknowledge="d1",
+            expect_generation=9,
+        )
+    ]
+    assert machine.counters["retried"] == 1
+    assert recorded(machine, effects[0], 10.0) == []
+    assert machine.idle
+
+
+def test_retry_at_asked_by_the_task() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(retry=RetryPolicy(attempts=3, delay=5.0))
+    start(machine, arrival("d1", policy=policy))
+    (schedule,) = end(machine, "d1", TaskOutcome.FAILED, 10.0, follow_up=FollowUp(retry_at=100.0))
+    assert isinstance(schedule, Schedule)
+    assert schedule.message.when == 100.0
+
+
+@pytest.mark.parametrize(
+    ("attempt", "expected"), [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 10.0), (6, 10.0)]
+)
+def test_exponential_delays(attempt: int, expected: float) -> None:
+    machine = make_machine()
+    policy = TaskPolicy(
+        retry=RetryPolicy(attempts=None, delay=1.0, exponential=True, maximum_delay=10.0)
+    )
+    start(machine, arrival("d1", policy=policy, attempt=attempt))
+    (schedule,) = end(machine, "d1", TaskOutcome.FAILED, 100.0)
+    assert isinstance(schedule, Schedule)
+    assert schedule.message.when == 100.0 + expected
+    assert schedule.message.attempt == attempt + 1
+
+
+def test_exponential_without_a_cap() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(retry=RetryPolicy(attempts=None, delay=1.0, exponential=True))
+    start(machine, arrival("d1", policy=policy, attempt=11))
+    (schedule,) = end(machine, "d1", TaskOutcome.FAILED, 0.0)
+    assert isinstance(schedule, Schedule)
+    assert schedule.message.when == 1024.0
+
+
+def test_attempts_exhausted_is_failed() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(retry=RetryPolicy(attempts=3, delay=5.0))
+    start(machine, arrival("d1", policy=policy, attempt=3))
+    (finish,) = end(machine, "d1", TaskOutcome.FAILED, 10.0, error="E: x")
+    assert isinstance(finish, Finish)
+    assert finish.state is ExecutionState.FAILED
+    assert finish.error == "E: x"
+
+
+def test_a_retried_success_is_completed() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(retry=RetryPolicy(attempts=3, delay=5.0))
+    start(machine, arrival("d1", policy=policy, attempt=2))
+    (finish,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 10.0)
+    assert isinstance(finish, Finish)
+    assert finish.state is ExecutionState.COMPLETED
+
+
+def test_perpetual_runs_start_to_start() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(perpetual=PerpetualPolicy(every=10.0))
+    start(machine, arrival("d1", policy=policy, attempt=1, generation=3), now=100.0)
+    effects = end(machine, "d1", TaskOutcome.SUCCEEDED, 103.0)
+    assert effects == [
+        Schedule(
+            message=TaskMessage(
+                key="key-d1", function="f", payload=b"p", when=110.0, attempt=1, generation=3
+            ),
+            mode=ScheduleMode.REPLACE,
+            now=103.0,
+            acknowledge="d1",
+            expect_generation=3,
+        )
+    ]
+    assert machine.counters["perpetuated"] == 1
+
+
+def test_a_perpetual_run_longer_than_its_interval_runs_again_now() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(perpetual=PerpetualPolicy(every=10.0))
+    start(machine, arrival("d1", policy=policy), now=100.0)
+    (schedule,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 125.0)
+    assert isinstance(schedule, Schedule)
+    assert schedule.message.when == 125.0
+
+
+def test_a_perpetual_failure_still_perpetuates() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(perpetual=PerpetualPolicy(every=10.0))
+    start(machine, arrival("d1", policy=policy), now=100.0)
+    (schedule,) = end(machine, "d1", TaskOutcome.FAILED, 101.0, error="E: x")
+    assert isinstance(schedule, Schedule)
+    assert schedule.message.when == 110.0
+    assert schedule.message.attempt == 1
+
+
+def test_perpetual_after_and_perpetuate() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(perpetual=PerpetualPolicy(every=10.0))
+    start(machine, arrival("d1", policy=policy), now=100.0)
+    follow_up = FollowUp(perpetual_at=500.0, perpetual_payload=b"next")
+    (schedule,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 101.0, follow_up=follow_up)
+    assert isinstance(schedule, Schedule)
+    assert schedule.message.when == 500.0
+    assert schedule.message.payload == b"next"
+
+
+def test_perpetual_cancelled_finishes() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(perpetual=PerpetualPolicy(every=10.0))
+    start(machine, arrival("d1", policy=policy), now=100.0)
+    (finish,) = end(
+        machine,
+        "d1",
+        TaskOutcome.SUCCEEDED,
+        101.0,
+        follow_up=FollowUp(perpetual_cancelled=True),
+    )
+    assert isinstance(finish, Finish)
+    assert finish.state is ExecutionState.COMPLETED
+
+
+def test_a_retried_perpetual_task_retries_first() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(
+        retry=RetryPolicy(attempts=2, delay=1.0), perpetual=PerpetualPolicy(every=10.0)
+    )
+    start(machine, arrival("d1", policy=policy), now=100.0)
+    (schedule,) = end(machine, "d1", TaskOutcome.FAILED, 101.0)
+    assert isinstance(schedule, Schedule)
+    assert (schedule.message.when, schedule.message.attempt) == (102.0, 2)
+
+
+def test_cancelled_runs_never_retry_or_perpetuate() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(
+        retry=RetryPolicy(attempts=None, delay=1.0), perpetual=PerpetualPolicy(every=10.0)
+    )
+    start(machine, arrival("d1", policy=policy), now=100.0)
+    machine.receive(CancelRequested(key="key-d1", now=101.0))
+    assert machine.effects() == [CancelTask(delivery_id="d1", reason="cancelled")]
+    assert machine.in_flight["d1"].phase is Phase.CANCELLING
+    (finish,) = end(machine, "d1", TaskOutcome.CANCELLED, 102.0)
+    assert isinstance(finish, Finish)
+    assert finish.state is ExecutionState.CANCELLED
+    assert machine.counters["cancelled"] == 1
+
+
+def test_a_cancelled_run_that_finishes_anyway_reports_what_it_did() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1"))
+    machine.receive(CancelRequested(key="key-d1", now=1.0))
+    machine.effects()
+    (finish,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 2.0)
+    assert isinstance(finish, Finish)
+    assert finish.state is ExecutionState.COMPLETED
+
+
+def test_cancel_requested_for_another_key_does_nothing() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1"))
+    machine.receive(CancelRequested(key="other", now=1.0))
+    assert machine.effects() == []
+    assert machine.in_flight["d1"].phase is Phase.RUNNING
+
+
+def test_cancel_twice_sends_one_cancel_task() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1"))
+    machine.receive(CancelRequested(key="key-d1", now=1.0))
+    machine.receive(CancelRequested(key="key-d1", now=1.5))
+    assert machine.effects() == [CancelTask(delivery_id="d1", reason="cancelled")]
+
+
+def test_cancel_while_finishing_changes_nothing() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1"))
+    (finish,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 2.0)
+    machine.receive(CancelRequested(key="key-d1", now=2.5))
+    assert machine.effects() == []
+    assert recorded(machine, finish) == []
+    assert machine.idle
+
+
+def test_cancel_while_claiming_does_not_let_the_task_run_unchecked() -> None:
+    machine = make_machine()
+    (claim,) = deliver(machine, arrival("d1"))
+    machine.receive(CancelRequested(key="key-d1", now=1.0))
+    assert machine.effects() == []
+    effects = claim_all(machine, claim, now=1.0)
+    started = of_type(effects, StartTask)
+    cancels = of_type(effects, CancelTask)
+    assert not started or cancels, effects
+
+
+def test_ending_an_unknown_delivery_is_a_usage_error() -> None:
+    machine = make_machine()
+    with pytest.raises(UsageError):
+        machine.receive(TaskEnded(delivery_id="nope", now=0.0, outcome=TaskOutcome.SUCCEEDED))
+
+
+def test_an_unknown_input_is_refused() -> None:
+    machine = make_machine()
+    with pytest.raises(TypeError):
+        machine.receive(HeartbeatDone())
+
+
+def test_an_outcome_for_a_finish_that_is_not_ours_is_ignored() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1"))
+    finish = Finish(
+        delivery_id="d1",
+        key="key-d1",
+        generation=1,
+        state=ExecutionState.COMPLETED,
+        now=0.0,
+        ttl=1.0,
+    )
+    # still RUNNING: a stray FinishDone must not move it
+    assert reply(machine, finish, FinishDone(delivery_id="d1", recorded=True)) == []
+    assert machine.in_flight["d1"].phase is Phase.RUNNING
+
+
+def test_finish_not_recorded_still_drops_the_delivery() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1"))
+    (finish,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 1.0)
+    assert reply(machine, finish, FinishDone(delivery_id="d1", recorded=False)) == []
+    assert machine.idle
+
+
+def test_schedule_not_accepted_still_drops_the_delivery() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1", policy=TaskPolicy(retry=RetryPolicy(attempts=2, delay=1.0))))
+    (schedule,) = end(machine, "d1", TaskOutcome.FAILED, 1.0)
+    outcome = Scheduled(key="key-d1", accepted=False, generation=-1, state=None)
+    assert reply(machine, schedule, outcome) == []
+    assert machine.idle
+
+
+# -- timeouts -------------------------------------------------------------------------
+
+
+def test_next_deadline_includes_the_task_deadline() -> None:
+    machine = make_machine(heartbeat_interval=100.0, redelivery_timeout=400.0)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    assert machine.next_deadline() == 100.0
+    start(machine, arrival("d1", policy=TaskPolicy(timeout=5.0)), now=1.0)
+    assert machine.in_flight["d1"].deadline == 6.0
+    assert machine.next_deadline() == 6.0
+
+
+def test_a_timeout_cancels_then_fails() -> None:
+    machine = make_machine(heartbeat_interval=100.0, redelivery_timeout=400.0)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    start(machine, arrival("d1", policy=TaskPolicy(timeout=5.0)), now=1.0)
+    machine.receive(Tick(now=5.9))
+    assert machine.effects() == []
+    machine.receive(Tick(now=6.0))
+    assert machine.effects() == [CancelTask(delivery_id="d1", reason="timeout")]
+    assert machine.in_flight["d1"].phase is Phase.CANCELLING
+    assert machine.counters["timed_out"] == 1
+    # no second CancelTask, and the deadline no longer counts
+    machine.receive(Tick(now=7.0))
+    assert machine.effects() == []
+    assert machine.next_deadline() == 100.0
+    (finish,) = end(machine, "d1", TaskOutcome.CANCELLED, 7.0)
+    assert isinstance(finish, Finish)
+    assert finish.state is ExecutionState.FAILED
+    assert finish.error is not None and finish.error.startswith("TimeoutError")
+
+
+def test_a_timeout_is_retried_when_the_policy_allows() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(timeout=5.0, retry=RetryPolicy(attempts=2, delay=3.0))
+    start(machine, arrival("d1", policy=policy), now=0.0)
+    machine.receive(Tick(now=5.0))
+    assert CancelTask(delivery_id="d1", reason="timeout") in machine.effects()
+    (schedule,) = end(machine, "d1", TaskOutcome.CANCELLED, 5.5)
+    assert isinstance(schedule, Schedule)
+    assert (schedule.message.attempt, schedule.message.when) == (2, 8.5)
+
+
+def test_a_timed_out_task_that_returns_anyway_completes() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1", policy=TaskPolicy(timeout=5.0)), now=0.0)
+    machine.receive(Tick(now=5.0))
+    machine.effects()
+    (finish,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 5.1)
+    assert isinstance(finish, Finish)
+    assert finish.state is ExecutionState.COMPLETED
+
+
+def test_deadline_extended_moves_it() -> None:
+    machine = make_machine(heartbeat_interval=100.0, redelivery_timeout=400.0)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    start(machine, arrival("d1", policy=TaskPolicy(timeout=5.0)), now=0.0)
+    machine.receive(DeadlineExtended(delivery_id="d1", deadline=20.0))
+    assert machine.next_deadline() == 20.0
+    machine.receive(Tick(now=10.0))
+    assert machine.effects() == []
+    machine.receive(Tick(now=20.0))
+    assert machine.effects() == [CancelTask(delivery_id="d1", reason="timeout")]
+
+
+def test_deadline_extended_without_a_timeout_sets_one() -> None:
+    machine = make_machine(heartbeat_interval=100.0, redelivery_timeout=400.0)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    start(machine, arrival("d1"), now=0.0)
+    assert machine.next_deadline() == 100.0
+    machine.receive(DeadlineExtended(delivery_id="d1", deadline=30.0))
+    assert machine.next_deadline() == 30.0
+    (finish,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 1.0)
+    assert machine.next_deadline() == 100.0
+    assert isinstance(finish, Finish)
+
+
+def test_deadline_extended_for_unknown_delivery_is_ignored() -> None:
+    machine = make_machine()
+    machine.receive(DeadlineExtended(delivery_id="nope", deadline=30.0))
+    assert machine.effects() == []
+
+
+# -- leases -----------------------------------------------------------------------------
+
+
+def test_leases_are_renewed_every_quarter_of_the_redelivery_timeout() -> None:
+    machine = make_machine(redelivery_timeout=40.0, heartbeat_interval=1000.0)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    start(machine, arrival("d1"), now=0.0)
+    deliver(machine, arrival("d2"), now=0.0)  # still claiming: held too
+    assert machine.next_deadline() == 10.0
+    machine.receive(Tick(now=9.9))
+    assert machine.effects() == []
+    machine.receive(Tick(now=10.0))
+    assert machine.effects() == [
+        RenewLeases(worker="w1", delivery_ids=("d1", "d2"), slots=(), now=10.0)
+    ]
+    assert machine.next_deadline() == 20.0
+    machine.receive(Tick(now=15.0))
+    assert machine.effects() == []
+    machine.receive(Tick(now=20.0))
+    assert len(of_type(machine.effects(), RenewLeases)) == 1
+
+
+def test_an_idle_worker_renews_nothing() -> None:
+    machine = make_machine(redelivery_timeout=40.0, heartbeat_interval=1000.0)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    machine.receive(Tick(now=50.0))
+    assert machine.effects() == []
+    assert machine.next_deadline() == 1000.0
+
+
+def test_a_lost_lease_cancels_the_task_and_its_end_finishes_nothing() -> None:
+    machine = make_machine(redelivery_timeout=40.0, heartbeat_interval=1000.0)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    start(machine, arrival("d1", policy=TaskPolicy(retry=RetryPolicy(attempts=5, delay=1.0))))
+    machine.receive(Tick(now=10.0))
+    (renew,) = machine.effects()
+    assert isinstance(renew, RenewLeases)
+    assert reply(machine, renew, LeasesRenewed(lost=("d1",)), 10.0) == [
+        CancelTask(delivery_id="d1", reason="lease-lost")
+    ]
+    assert machine.in_flight["d1"].phase is Phase.ABANDONING
+    assert machine.counters["lease_lost"] == 1
+    # abandoned deliveries are no longer renewed
+    machine.receive(Tick(now=20.0))
+    assert machine.effects() == []
+    for outcome in (TaskOutcome.CANCELLED,):
+        assert end(machine, "d1", outcome, 11.0) == []
+    assert machine.idle
+    assert machine.counters["abandoned"] == 1
+
+
+@pytest.mark.parametrize("outcome", list(TaskOutcome))
+def test_an_abandoned_task_emits_nothing_whatever_its_outcome(outcome: TaskOutcome) -> None:
+    machine = make_machine()
+    start(machine, arrival("d1", policy=TaskPolicy(retry=RetryPolicy(attempts=5, delay=1.0))))
+    renew = RenewLeases(worker="w1", delivery_ids=("d1",), slots=(), now=1.0)
+    reply(machine, renew, LeasesRenewed(lost=("d1",)), 1.0)
+    assert end(machine, "d1", outcome, 2.0) == []
+    assert machine.idle
+
+
+def test_lease_lost_while_cancelling_does_not_cancel_twice_for_the_same_reason() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1"))
+    machine.receive(CancelRequested(key="key-d1", now=1.0))
+    assert machine.effects() == [CancelTask(delivery_id="d1", reason="cancelled")]
+    renew = RenewLeases(worker="w1", delivery_ids=("d1",), slots=(), now=1.0)
+    effects = reply(machine, renew, LeasesRenewed(lost=("d1",)), 1.0)
+    assert effects == [CancelTask(delivery_id="d1", reason="lease-lost")]
+    reply(machine, renew, LeasesRenewed(lost=("d1",)), 1.0)
+    assert end(machine, "d1", TaskOutcome.CANCELLED, 2.0) == []
+
+
+def test_lease_lost_while_finishing_keeps_the_finish() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1"))
+    (finish,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 1.0)
+    renew = RenewLeases(worker="w1", delivery_ids=("d1",), slots=(), now=1.0)
+    assert reply(machine, renew, LeasesRenewed(lost=("d1",)), 1.0) == []
+    assert machine.in_flight["d1"].phase is Phase.FINISHING
+    assert recorded(machine, finish) == []
+    assert machine.idle
+
+
+# -- concurrency limits ----------------------------------------------------------------------
+
+
+def test_a_limited_task_acquires_a_slot_first() -> None:
+    machine = make_machine(name="w7", redelivery_timeout=60.0)
+    effects = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)), now=2.0)
+    assert effects == [
+        AcquireSlot(
+            limit_key=LIMIT.limit_key,
+            holder="w7/d1",
+            max_concurrent=2,
+            now=2.0,
+            stale_after=60.0,
+            delivery_id="d1",
+            message=message("key-d1"),
+        )
+    ]
+    assert machine.in_flight["d1"].phase is Phase.ADMITTING
+    assert machine.holder("d1") == "w7/d1"
+    assert make_machine(name="w8").holder("d1") != machine.holder("d1")
+    assert machine.holder("d2") != machine.holder("d1")
+
+
+def test_a_parked_delivery_is_dropped_and_releases_nothing() -> None:
+    machine = make_machine()
+    (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
+    assert reply(machine, acquire, SlotDone(delivery_id="d1", acquired=False)) == []
+    assert machine.idle
+    assert machine.counters["parked"] == 1
+
+
+def test_an_acquired_slot_starts_the_task_and_is_released_before_the_finish() -> None:
+    machine = make_machine(redelivery_timeout=40.0, heartbeat_interval=1000.0)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
+    assert isinstance(acquire, AcquireSlot)
+    effects = reply(machine, acquire, SlotDone(delivery_id="d1", acquired=True), 1.0)
+    assert effects == [StartTask(delivery_id="d1")]
+    assert machine.in_flight["d1"].slot == LIMIT.limit_key
+    # the slot is renewed with the lease
+    machine.receive(Tick(now=10.0))
+    (renew,) = machine.effects()
+    assert isinstance(renew, RenewLeases)
+    assert renew.slots == ((LIMIT.limit_key, acquire.holder),)
+    effects = end(machine, "d1", TaskOutcome.SUCCEEDED, 12.0)
+    assert [type(e) for e in effects] == [ReleaseSlot, Finish]
+    assert effects[0] == ReleaseSlot(limit_key=LIMIT.limit_key, holder=acquire.holder, now=12.0)
+    machine.store_replied(
+        effects,  # type: ignore[arg-type]
+        [
+            SlotReleased(limit_key=LIMIT.limit_key, woken=0),
+            FinishDone(delivery_id="d1", recorded=True),
+        ],
+        12.0,
+    )
+    assert machine.effects() == []
+    assert machine.idle
+
+
+def test_an_acquired_slot_is_released_before_a_retry() -> None:
+    machine = make_machine()
+    policy = TaskPolicy(concurrency=LIMIT, retry=RetryPolicy(attempts=2, delay=1.0))
+    (acquire,) = start(machine, arrival("d1", policy=policy))
+    reply(machine, acquire, SlotDone(delivery_id="d1", acquired=True))
+    effects = end(machine, "d1", TaskOutcome.FAILED, 1.0)
+    assert [type(e) for e in effects] == [ReleaseSlot, Schedule]
+
+
+def test_an_abandoned_slot_holder_still_releases_its_slot() -> None:
+    machine = make_machine()
+    (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
+    reply(machine, acquire, SlotDone(delivery_id="d1", acquired=True))
+    renew = RenewLeases(worker="w1", delivery_ids=("d1",), slots=(), now=1.0)
+    reply(machine, renew, LeasesRenewed(lost=("d1",)), 1.0)
+    effects = end(machine, "d1", TaskOutcome.CANCELLED, 2.0)
+    assert effects == [ReleaseSlot(limit_key=LIMIT.limit_key, holder="w1/d1", now=2.0)]
+
+
+def test_a_delivery_that_never_acquired_never_releases() -> None:
+    machine = make_machine()
+    (claim,) = deliver(
+        machine,
+        arrival("d1", policy=TaskPolicy(concurrency=LIMIT)),
+        arrival("d2", policy=TaskPolicy(concurrency=LIMIT)),
+    )
+    effects = claim_all(machine, claim)
+    acquires = of_type(effects, AcquireSlot)
+    assert len(acquires) == 2
+    machine.store_replied(
+        acquires,
+        [
+            SlotDone(delivery_id="d1", acquired=False),
+            SlotDone(delivery_id="d2", acquired=True),
+        ],
+        1.0,
+    )
+    assert machine.effects() == [StartTask(delivery_id="d2")]
+    effects = end(machine, "d2", TaskOutcome.SUCCEEDED, 2.0)
+    assert of_type(effects, ReleaseSlot) == [
+        ReleaseSlot(limit_key=LIMIT.limit_key, holder="w1/d2", now=2.0)
+    ]
+    # a rejected (struck) limited delivery never asks for a slot, so never releases one
+    effects = deliver(machine, arrival("d3", policy=TaskPolicy(concurrency=LIMIT), struck=True))
+    assert of_type(effects, ReleaseSlot) == []
+    assert of_type(effects, AcquireSlot) == []
+
+
+def test_a_lost_claim_of_a_limited_task_never_asks_for_a_slot() -> None:
+    machine = make_machine()
+    (claim,) = deliver(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
+    assert claim_all(machine, claim, verdict=ClaimVerdict.SUPERSEDED) == []
+    assert machine.idle
+
+
+def test_cancel_while_admitting_then_acquired_never_starts() -> None:
+    machine = make_machine()
+    (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
+    machine.receive(CancelRequested(key="key-d1", now=1.0))
+    assert machine.effects() == []  # nothing runs yet, nothing to cancel
+    assert machine.in_flight["d1"].phase is Phase.ADMITTING
+    effects = reply(machine, acquire, SlotDone(delivery_id="d1", acquired=True), 2.0)
+    assert of_type(effects, StartTask) == []
+    assert [type(e) for e in effects] == [ReleaseSlot, Finish]
+    release, finish = effects
+    assert release == ReleaseSlot(limit_key=LIMIT.limit_key, holder="w1/d1", now=2.0)
+    assert isinstance(finish, Finish)
+    assert finish.state is ExecutionState.CANCELLED
+    assert machine.counters["started"] == 0
+    recorded(machine, finish, 2.0)
+    assert machine.idle
+
+
+def test_cancel_while_admitting_then_parked_is_dropped() -> None:
+    machine = make_machine()
+    (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
+    machine.receive(CancelRequested(key="key-d1", now=1.0))
+    assert reply(machine, acquire, SlotDone(delivery_id="d1", acquired=False)) == []
+    assert machine.idle
+
+
+# -- capacity, heartbeats and shutdown --------------------------------------------------------
+
+
+def test_capacity_counts_every_delivery_held() -> None:
+    machine = make_machine(concurrency=3)
+    assert machine.capacity == 3
+    (claim,) = deliver(machine, arrival("d1"), arrival("d2"))
+    assert machine.capacity == 1
+    claim_all(machine, claim)
+    assert machine.capacity == 1
+    (finish,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 1.0)
+    assert machine.capacity == 1  # still finishing
+    recorded(machine, finish)
+    assert machine.capacity == 2
+    deliver(machine, arrival("d3"), arrival("d4"))
+    assert machine.capacity == 0  # never negative
+
+
+def test_capacity_never_goes_negative() -> None:
+    machine = make_machine(concurrency=1)
+    deliver(machine, arrival("d1"), arrival("d2"))
+    assert machine.capacity == 0
+
+
+def test_config_validation() -> None:
+    with pytest.raises(UsageError):
+        WorkerConfig(name="w", concurrency=0)
+    with pytest.raises(UsageError):
+        WorkerConfig(name="w", redelivery_timeout=0)
+    with pytest.raises(UsageError):
+        WorkerConfig(name="w", heartbeat_interval=-1)
+    assert WorkerConfig(name="w", redelivery_timeout=8.0).renew_interval == 2.0
+
+
+def test_heartbeats_on_tick_every_interval() -> None:
+    machine = make_machine(heartbeat_interval=2.0, tasks=("a", "b"), redelivery_timeout=1000.0)
+    assert machine.next_deadline() == 0.0
+    machine.receive(Tick(now=0.0))
+    assert machine.effects() == [Heartbeat(worker="w1", tasks=("a", "b"), now=0.0)]
+    assert machine.next_deadline() == 2.0
+    machine.receive(Tick(now=1.0))
+    assert machine.effects() == []
+    machine.receive(Tick(now=2.5))
+    assert machine.effects() == [Heartbeat(worker="w1", tasks=("a", "b"), now=2.5)]
+    assert machine.next_deadline() == 4.5
+    machine.receive(Tick(now=4.4))
+    assert machine.effects() == []
+
+
+def test_shutdown_when_idle_says_goodbye_at_once() -> None:
+    machine = make_machine(tasks=("a",))
+    machine.receive(ShutdownRequested(now=3.0))
+    assert machine.capacity == 0
+    assert machine.effects() == [Heartbeat(worker="w1", tasks=("a",), now=3.0, leaving=True)]
+    assert machine.said_goodbye
+    assert machine.next_deadline() is None
+    machine.receive(Tick(now=10.0))
+    assert machine.effects() == []
+
+
+def test_shutdown_waits_for_in_flight_work() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1"))
+    machine.receive(ShutdownRequested(now=1.0))
+    assert machine.capacity == 0
+    assert machine.effects() == []
+    assert not machine.said_goodbye
+    machine.receive(Tick(now=100.0))
+    assert of_type(machine.effects(), Heartbeat) == []  # no heartbeat while leaving
+    (finish,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 101.0)
+    assert not machine.said_goodbye
+    assert recorded(machine, finish, 102.0) == [
+        Heartbeat(worker="w1", tasks=(), now=102.0, leaving=True)
+    ]
+    assert machine.said_goodbye
+    assert machine.next_deadline() is None
+
+
+def test_shutdown_while_claiming_says_goodbye_after_the_verdicts() -> None:
+    machine = make_machine()
+    (claim,) = deliver(machine, arrival("d1"))
+    machine.receive(ShutdownRequested(now=1.0))
+    assert machine.effects() == []
+    effects = claim_all(machine, claim, now=2.0, verdict=ClaimVerdict.SUPERSEDED)
+    assert effects == [Heartbeat(worker="w1", tasks=(), now=2.0, leaving=True)]
+
+
+def test_shutdown_says_goodbye_after_the_last_abandoned_task_ends() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1"))
+    machine.receive(ShutdownRequested(now=1.0))
+    renew = RenewLeases(worker="w1", delivery_ids=("d1",), slots=(), now=1.0)
+    reply(machine, renew, LeasesRenewed(lost=("d1",)), 1.0)
+    effects = end(machine, "d1", TaskOutcome.CANCELLED, 2.0)
+    machine.receive(Tick(now=3.0))
+    effects += machine.effects()
+    assert machine.idle
+    goodbyes = [e for e in of_type(effects, Heartbeat) if e.leaving]
+    assert len(goodbyes) == 1, effects
+    assert machine.said_goodbye
+
+
+def test_store_replied_checks_the_lengths_match() -> None:
+    machine = make_machine()
+    (claim,) = deliver(machine, arrival("d1"))
+    assert isinstance(claim, Claim)
+    with pytest.raises(ValueError):
+        machine.store_replied([claim], [], 0.0)
+
+
+def test_a_lease_lost_while_claiming_never_starts_the_task() -> None:
+    machine = make_machine()
+    (claim,) = deliver(machine, arrival("d1"))
+    renew = RenewLeases(worker="w1", delivery_ids=("d1",), slots=(), now=1.0)
+    reply(machine, renew, LeasesRenewed(lost=("d1",)), 1.0)
+    effects = claim_all(machine, claim, now=1.0)
+    assert of_type(effects, StartTask) == [], effects
