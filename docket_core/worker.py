@@ -195,6 +195,8 @@ class Worker:
             now = time.time()
             block = check if next_due is None else min(check, max(next_due - now, 0.0))
             try:
+                # strikes first: once read, deliveries must reach the machine
+                self._strikes = await adapter.strikes()
                 result = await adapter.read(
                     worker=self.name,
                     count=capacity,
@@ -202,21 +204,22 @@ class Worker:
                     redelivery_timeout=redelivery,
                     block=block,
                 )
+                next_due = result.next_due
+                if result.deliveries:
+                    arrivals = tuple(self._prepare(d) for d in result.deliveries)
+                    machine.receive(Delivered(arrivals=arrivals, now=time.time()))
+                    self._dirty.set()
+                elif until_finished and machine.idle and await adapter.pending() == 0:
+                    return
             except StoreError as error:
-                logger.warning(
-                    "store unavailable (%s); retrying in %s", error, self.reconnection_delay
-                )
-                machine.counters["store_errors"] += 1
-                await anyio.sleep(self.reconnection_delay.total_seconds())
-                continue
-            next_due = result.next_due
-            if result.deliveries:
-                self._strikes = await adapter.strikes()
-                arrivals = tuple(self._prepare(d) for d in result.deliveries)
-                machine.receive(Delivered(arrivals=arrivals, now=time.time()))
-                self._dirty.set()
-            elif until_finished and machine.idle and await adapter.pending() == 0:
-                return
+                await self._store_trouble(error)
+
+    async def _store_trouble(self, error: StoreError) -> None:
+        """Log and count a store failure, then wait ``reconnection_delay``."""
+        assert self._machine is not None
+        self._machine.counters["store_errors"] += 1
+        logger.warning("store unavailable (%s); retrying in %s", error, self.reconnection_delay)
+        await anyio.sleep(self.reconnection_delay.total_seconds())
 
     def _prepare(self, delivery: Delivery) -> Arrival:
         """Decode a delivery and work out its policy (pure work, no store)."""
@@ -299,12 +302,7 @@ class Worker:
             try:
                 return await self.docket.adapter.execute(effects)
             except StoreError as error:
-                assert self._machine is not None
-                self._machine.counters["store_errors"] += 1
-                logger.warning(
-                    "store unavailable (%s); retrying in %s", error, self.reconnection_delay
-                )
-                await anyio.sleep(self.reconnection_delay.total_seconds())
+                await self._store_trouble(error)
 
     def _run_effect(self, effect: RuntimeEffect) -> None:
         if isinstance(effect, StartTask):
@@ -332,10 +330,14 @@ class Worker:
     async def _listener(self) -> None:
         machine = self._machine
         assert machine is not None
-        async with self.docket.adapter.cancellations() as keys:
-            async for key in keys:
-                machine.receive(CancelRequested(key=key, now=time.time()))
-                self._dirty.set()
+        while True:
+            try:
+                async with self.docket.adapter.cancellations() as keys:
+                    async for key in keys:
+                        machine.receive(CancelRequested(key=key, now=time.time()))
+                        self._dirty.set()
+            except StoreError as error:
+                await self._store_trouble(error)
 
     async def _signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
