@@ -138,25 +138,26 @@ class GlideStore(ScriptedStore):
     async def run_calls(self, calls: Sequence[ScriptCall]) -> list[Any]:
         client = await self._main()
         try:
-            if len(calls) == 1:
-                call = calls[0]
-                return [
-                    await client.invoke_script(
-                        _SCRIPTS[call.name], keys=list(call.keys), args=list(call.args)
-                    )
-                ]
             try:
-                return await self._batch(client, calls)
+                return await self._run(client, calls)
             except RequestError as error:
-                if "NOSCRIPT" not in str(error):
+                if "noscript" not in str(error).lower():
                     raise
+                # the server lost its scripts (a restart): load them, try again
                 for source in SCRIPTS.values():
                     await client.custom_command(["SCRIPT", "LOAD", source])
-                return await self._batch(client, calls)
+                return await self._run(client, calls)
         except _FAILURES as error:
             raise StoreError(f"server unavailable: {error}") from error
         except RequestError as error:
             raise StoreError(f"the server refused a docket script: {error}") from error
+
+    async def _run(self, client: GlideClient, calls: Sequence[ScriptCall]) -> list[Any]:
+        if len(calls) == 1:
+            call = calls[0]
+            script = _SCRIPTS[call.name]
+            return [await client.invoke_script(script, keys=list(call.keys), args=list(call.args))]
+        return await self._batch(client, calls)
 
     async def _batch(self, client: GlideClient, calls: Sequence[ScriptCall]) -> list[Any]:
         batch = Batch(is_atomic=False)

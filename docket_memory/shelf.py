@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import OrderedDict, deque
 from typing import Any
 
@@ -63,6 +64,8 @@ class Shelf:
     subscribers: dict[str, set[MemoryObjectSendStream[dict[str, Any]]]] = attrs.field(factory=dict)
     cancel_listeners: set[MemoryObjectSendStream[str]] = attrs.field(factory=set)
     waiting: list[anyio.Event] = attrs.field(factory=list)
+    #: limit key -> when a waiter of it was last woken
+    woken: dict[str, float] = attrs.field(factory=dict)
     ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
 
     # -- notification ----------------------------------------------------------
@@ -232,18 +235,23 @@ class Shelf:
                 continue
             if not waiting:
                 del self.waiters[limit_key]
+                self.woken.pop(limit_key, None)
+            else:
+                self.woken[limit_key] = now
             message = attrs.evolve(message, when=min(message.when, now))
             self.enqueue(message, now)
             self.records[message.key] = attrs.evolve(record, state=ExecutionState.QUEUED)
             self.publish(message.key, state_event(message.key, ExecutionState.QUEUED))
             return 1
         self.waiters.pop(limit_key, None)
+        self.woken.pop(limit_key, None)
         return 0
 
     def drop_stale_slots(self, now: float, stale_after: float) -> None:
         """Free slots whose holders stopped renewing them (their worker died)
-        and queue a waiter for each; a limit nobody holds wakes a waiter too,
-        since no release will come for it."""
+        and queue a waiter for each.  A limit nobody holds whose last woken
+        waiter never took its slot within ``stale_after`` (it was cancelled,
+        say) wakes the next one, since no release will come for it."""
         cutoff = now - stale_after
         for limit_key in list(self.slots):
             slots = self.slots[limit_key]
@@ -252,7 +260,7 @@ class Shelf:
                     del slots[holder]
                     self.wake(limit_key, now)
             if not slots:
-                if self.waiters.get(limit_key):
-                    self.wake(limit_key, now)
-                else:
+                if not self.waiters.get(limit_key):
                     del self.slots[limit_key]
+                elif self.woken.get(limit_key, -math.inf) <= cutoff:
+                    self.wake(limit_key, now)

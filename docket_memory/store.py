@@ -172,7 +172,11 @@ class MemoryStore:
                 continue
             if record is not None and record.state is ExecutionState.CANCELLED:
                 verdict = ClaimVerdict.CANCELLED
-            elif record is None or record.generation != item.generation:
+            elif (
+                record is None
+                or record.generation != item.generation
+                or record.state.terminal
+            ):
                 verdict = ClaimVerdict.SUPERSEDED
             else:
                 verdict = ClaimVerdict.CLAIMED
@@ -246,6 +250,7 @@ class MemoryStore:
     def _renew(self, effect: RenewLeases) -> LeasesRenewed:
         shelf = self.shelf
         lost: list[str] = []
+        lost_slots: list[str] = []
         for delivery_id in effect.delivery_ids:
             held = shelf.held.get(delivery_id)
             if held is None or held.worker != effect.worker:
@@ -256,7 +261,9 @@ class MemoryStore:
             slots = shelf.slots.get(limit_key)
             if slots is not None and holder in slots:
                 slots[holder] = effect.now
-        return LeasesRenewed(lost=tuple(lost))
+            else:
+                lost_slots.append(holder)
+        return LeasesRenewed(lost=tuple(lost), lost_slots=tuple(lost_slots))
 
     def _acquire(self, effect: AcquireSlot) -> SlotDone:
         shelf = self.shelf
@@ -278,11 +285,10 @@ class MemoryStore:
     def _release(self, effect: ReleaseSlot) -> SlotReleased:
         shelf = self.shelf
         slots = shelf.slots.get(effect.limit_key)
-        if slots is not None:
-            slots.pop(effect.holder, None)
-            if not slots and not shelf.waiters.get(effect.limit_key):
-                del shelf.slots[effect.limit_key]
-        woken = shelf.wake(effect.limit_key, effect.now)
+        held = slots is not None and slots.pop(effect.holder, None) is not None
+        if slots is not None and not slots and not shelf.waiters.get(effect.limit_key):
+            del shelf.slots[effect.limit_key]
+        woken = shelf.wake(effect.limit_key, effect.now) if held else 0
         return SlotReleased(limit_key=effect.limit_key, woken=woken)
 
     # -- reads ---------------------------------------------------------------

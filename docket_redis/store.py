@@ -66,7 +66,7 @@ class RedisStore(ScriptedStore):
         except _FAILURES as error:
             raise StoreError(f"Redis unavailable: {error}") from error
         except redis_errors.ResponseError as error:
-            if "NOSCRIPT" in str(error):
+            if "noscript" in str(error).lower():
                 await self._load_scripts()
                 return await self._evalsha(calls)
             raise StoreError(f"Redis refused a docket script: {error}") from error

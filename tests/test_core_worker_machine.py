@@ -785,7 +785,7 @@ def test_a_parked_delivery_is_dropped_and_releases_nothing() -> None:
     assert machine.counters["parked"] == 1
 
 
-def test_an_acquired_slot_starts_the_task_and_is_released_before_the_finish() -> None:
+def test_an_acquired_slot_starts_the_task_and_is_released_after_the_finish() -> None:
     machine = make_machine(redelivery_timeout=40.0, heartbeat_interval=1000.0)
     machine.receive(Tick(now=0.0))
     machine.effects()
@@ -800,13 +800,13 @@ def test_an_acquired_slot_starts_the_task_and_is_released_before_the_finish() ->
     assert isinstance(renew, RenewLeases)
     assert renew.slots == ((LIMIT.limit_key, acquire.holder),)
     effects = end(machine, "d1", TaskOutcome.SUCCEEDED, 12.0)
-    assert [type(e) for e in effects] == [ReleaseSlot, Finish]
-    assert effects[0] == ReleaseSlot(limit_key=LIMIT.limit_key, holder=acquire.holder, now=12.0)
+    assert [type(e) for e in effects] == [Finish, ReleaseSlot]
+    assert effects[1] == ReleaseSlot(limit_key=LIMIT.limit_key, holder=acquire.holder, now=12.0)
     machine.store_replied(
         effects,  # type: ignore[arg-type]
         [
-            SlotReleased(limit_key=LIMIT.limit_key, woken=0),
             FinishDone(delivery_id="d1", recorded=True),
+            SlotReleased(limit_key=LIMIT.limit_key, woken=0),
         ],
         12.0,
     )
@@ -814,13 +814,13 @@ def test_an_acquired_slot_starts_the_task_and_is_released_before_the_finish() ->
     assert machine.idle
 
 
-def test_an_acquired_slot_is_released_before_a_retry() -> None:
+def test_an_acquired_slot_is_released_after_the_retry_is_scheduled() -> None:
     machine = make_machine()
     policy = TaskPolicy(concurrency=LIMIT, retry=RetryPolicy(attempts=2, delay=1.0))
     (acquire,) = start(machine, arrival("d1", policy=policy))
     reply(machine, acquire, SlotDone(delivery_id="d1", acquired=True))
     effects = end(machine, "d1", TaskOutcome.FAILED, 1.0)
-    assert [type(e) for e in effects] == [ReleaseSlot, Schedule]
+    assert [type(e) for e in effects] == [Schedule, ReleaseSlot]
 
 
 def test_an_abandoned_slot_holder_still_releases_its_slot() -> None:
@@ -877,8 +877,8 @@ def test_cancel_while_admitting_then_acquired_never_starts() -> None:
     assert machine.in_flight["d1"].phase is Phase.ADMITTING
     effects = reply(machine, acquire, SlotDone(delivery_id="d1", acquired=True), 2.0)
     assert of_type(effects, StartTask) == []
-    assert [type(e) for e in effects] == [ReleaseSlot, Finish]
-    release, finish = effects
+    assert [type(e) for e in effects] == [Finish, ReleaseSlot]
+    finish, release = effects
     assert release == ReleaseSlot(limit_key=LIMIT.limit_key, holder="w1/d1", now=2.0)
     assert isinstance(finish, Finish)
     assert finish.state is ExecutionState.CANCELLED

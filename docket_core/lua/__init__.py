@@ -18,6 +18,7 @@ sub-namespaces, so no task key can collide with an internal key):
 ``P:slots:<limit>``     zset    concurrency slot holder -> last renewal
 ``P:wait:<limit>``      list    task keys parked behind a full limit, oldest first
 ``P:waiting``           set     limits that have parked task keys
+``P:woken``             hash    limit -> when its last waiter was woken
 ``P:generation``        string  the docket's generation counter
 ``P:workers``           zset    worker -> last heartbeat
 ``P:worker-tasks:<w>``  string  JSON list of a worker's task names (expires)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
+import anyio
 import cloudpickle
 
 from ..adapter import Event, ReadResult
@@ -47,6 +49,8 @@ from .protocol import (
 
 #: how often a process looks for strikes made by other processes
 STRIKE_REFRESH_SECONDS = 1.0
+#: the longest a server may overrun a blocked read's timeout (1 / hz, hz=10)
+SERVER_TICK = 0.1
 
 
 class ScriptedStore(abc.ABC):
@@ -119,12 +123,25 @@ class ScriptedStore(abc.ABC):
             str(int(redelivery_timeout * 1000)),
             PROMOTE_LIMIT,
         )
+        started = time.monotonic()
         (reply,) = await self.run_calls([call])
         result = parse_read(reply)
-        block_ms = int(block * 1000)
-        if result.deliveries or block_ms < 1:
+        if result.deliveries or block <= 0:
             return result
-        entries = await self.read_blocking(worker, count, block_ms)
+        # A blocked read ends early when a message arrives, but its timeout is
+        # only noticed on the server's clock tick (every 100 ms at the default
+        # hz).  When the wait ends at a due time, block on the server only up
+        # to a tick before it and wait out the rest here, so it is punctual.
+        due_in = math.inf if result.next_due is None else result.next_due - now
+        server_block = block if due_in > block else block - SERVER_TICK
+        entries: list[Any] = []
+        if server_block >= 0.001:
+            entries = await self.read_blocking(worker, count, int(server_block * 1000))
+        if not entries:
+            remaining = block - (time.monotonic() - started)
+            if due_in <= block and remaining > 0:
+                await anyio.sleep(remaining)
+            return ReadResult(deliveries=(), next_due=result.next_due)
         wakes = wake_ids(entries)
         if wakes:
             await self.acknowledge(wakes)

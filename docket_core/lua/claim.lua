@@ -12,7 +12,8 @@ for i = 5, #ARGV, 3 do
     local record = redis.call('HMGET', run, 'state', 'g')
     if record[1] == 'cancelled' then
       verdict = 'cancelled'
-    elseif not record[1] or tonumber(record[2]) ~= gen then
+    elseif not record[1] or tonumber(record[2]) ~= gen or not LIVE[record[1]] then
+      -- superseded, or this generation already ran to its end (an earlier copy)
       verdict = 'superseded'
     else
       verdict = 'claimed'

@@ -82,6 +82,7 @@ local function wake(limit, now)
     local key = redis.call('LPOP', waiting)
     if not key then
       redis.call('SREM', P .. ':waiting', limit)
+      redis.call('HDEL', P .. ':woken', limit)
       return 0
     end
     local run = run_key(key)
@@ -93,6 +94,9 @@ local function wake(limit, now)
       enqueue(key, r[3], r[4], when, r[6], r[7])
       if redis.call('LLEN', waiting) == 0 then
         redis.call('SREM', P .. ':waiting', limit)
+        redis.call('HDEL', P .. ':woken', limit)
+      else
+        redis.call('HSET', P .. ':woken', limit, now)
       end
       return 1
     end

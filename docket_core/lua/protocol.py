@@ -232,7 +232,10 @@ def outcome_for(effect: StoreEffect, reply: Any) -> Outcome:
                 state=ExecutionState(text(state)) if text(state) else None,
             )
         if kind is RenewLeases:
-            return LeasesRenewed(lost=tuple(text(i) for i in reply))
+            lost, lost_slots = reply
+            return LeasesRenewed(
+                lost=tuple(text(i) for i in lost), lost_slots=tuple(text(h) for h in lost_slots)
+            )
         if kind is AcquireSlot:
             assert isinstance(effect, AcquireSlot)
             return SlotDone(delivery_id=effect.delivery_id, acquired=int(reply) == 1)

@@ -14,12 +14,15 @@ for _, key in ipairs(due) do
   end
 end
 -- free the slots of holders that stopped renewing (their worker died) and
--- wake a waiter for each; a limit nobody holds wakes a waiter too
+-- wake a waiter for each; a limit nobody holds whose last woken waiter never
+-- took its slot within the timeout (cancelled, say) wakes the next one
+local stale_before = tonumber(now) - tonumber(idle) / 1000
 for _, limit in ipairs(redis.call('SMEMBERS', P .. ':waiting')) do
   local slots = P .. ':slots:' .. limit
-  local freed = redis.call('ZREMRANGEBYSCORE', slots, '-inf', tonumber(now) - tonumber(idle) / 1000)
+  local freed = redis.call('ZREMRANGEBYSCORE', slots, '-inf', stale_before)
   for _ = 1, freed do wake(limit, now) end
-  if redis.call('ZCARD', slots) == 0 then wake(limit, now) end
+  local woken = tonumber(redis.call('HGET', P .. ':woken', limit) or '0')
+  if redis.call('ZCARD', slots) == 0 and woken <= stale_before then wake(limit, now) end
 end
 local out = {}
 local function take(entries, redelivered)

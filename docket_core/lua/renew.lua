@@ -1,5 +1,6 @@
 -- RenewLeases: ARGV = prefix, group, worker, now, slot_ttl_ms, n, n delivery ids,
--- then (limit, holder) pairs.  Returns the ids this worker no longer holds.
+-- then (limit, holder) pairs.  Returns {ids this worker no longer holds,
+-- holders whose slots are gone (taken over as stale)}.
 local worker, now, slot_ttl, n = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 local lost = {}
 for i = 7, 6 + n do
@@ -10,9 +11,14 @@ for i = 7, 6 + n do
     lost[#lost + 1] = id
   end
 end
+local lost_slots = {}
 for i = 7 + n, #ARGV, 2 do
   local slots = P .. ':slots:' .. ARGV[i]
-  redis.call('ZADD', slots, 'XX', now, ARGV[i + 1])
-  redis.call('PEXPIRE', slots, slot_ttl)
+  if redis.call('ZSCORE', slots, ARGV[i + 1]) then
+    redis.call('ZADD', slots, now, ARGV[i + 1])
+    redis.call('PEXPIRE', slots, slot_ttl)
+  else
+    lost_slots[#lost_slots + 1] = ARGV[i + 1]
+  end
 end
-return lost
+return {lost, lost_slots}

@@ -86,7 +86,8 @@ class ClaimItem:
 class Claim(StoreEffect):
     """Per item, atomically: if the delivery is no longer held by ``worker``,
     change nothing (verdict lost); else if ``generation`` is still the key's
-    current one and the key is not cancelled, mark it running on ``worker``
+    current one and the key has not ended (cancelled, or already run to its
+    end by an earlier copy of the delivery), mark it running on ``worker``
     and renew its lease (state event); otherwise acknowledge the delivery so it is never handed
     out again (superseded or cancelled)."""
 
@@ -119,7 +120,8 @@ class RenewLeases(StoreEffect):
     """Keep ``worker``'s deliveries (and concurrency slots) owned as of ``now``.
 
     Reports the deliveries that are no longer this worker's (taken over by
-    another worker after the lease ran out, or gone)."""
+    another worker after the lease ran out, or gone) and the slot holders
+    whose slots are gone (taken over as stale)."""
 
     worker: str
     delivery_ids: tuple[str, ...]
@@ -147,7 +149,8 @@ class AcquireSlot(StoreEffect):
 
 @attrs.frozen(slots=True, kw_only=True)
 class ReleaseSlot(StoreEffect):
-    """Remove ``holder``'s slot of ``limit_key`` and queue the oldest waiter."""
+    """Remove ``holder``'s slot of ``limit_key`` and, if it was still held,
+    queue the oldest waiter (a holder whose slot was taken over frees nothing)."""
 
     limit_key: str
     holder: str

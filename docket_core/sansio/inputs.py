@@ -169,9 +169,11 @@ class FinishDone(Outcome):
 
 @attrs.frozen(slots=True, kw_only=True)
 class LeasesRenewed(Outcome):
-    """Outcome of ``RenewLeases``: deliveries this worker no longer owns."""
+    """Outcome of ``RenewLeases``: deliveries this worker no longer owns, and
+    slot holders whose slots were taken over (their holder went stale)."""
 
     lost: tuple[str, ...] = ()
+    lost_slots: tuple[str, ...] = ()
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -187,6 +187,13 @@ class WorkerMachine:
                 assert isinstance(outcome, LeasesRenewed)
                 for delivery_id in outcome.lost:
                     self._lease_lost(delivery_id)
+                for holder in outcome.lost_slots:
+                    # the slot was taken over as stale: the run must stop too
+                    delivery_id = holder.removeprefix(f"{self.config.name}/")
+                    flight = self.in_flight.get(delivery_id)
+                    if flight is not None:
+                        flight.slot = None
+                        self._lease_lost(delivery_id)
         self._maybe_goodbye(now)
 
     # -- handlers ------------------------------------------------------------
@@ -327,10 +334,11 @@ class WorkerMachine:
             self.counters["retried" if retrying else "perpetuated"] += 1
         else:
             self.counters[outcome.value] += 1
-        # release first: a woken waiter gets the slot in the same round trip
+        # the outcome first, then the release (same round trip): a waiter woken
+        # by the release then sees this run's record already concluded
+        self._effects.append(effect)
         if release is not None:
             self._effects.append(release)
-        self._effects.append(effect)
 
     def _release(self, flight: InFlight, now: float) -> ReleaseSlot | None:
         if flight.slot is None:
