@@ -1,7 +1,8 @@
 """Private Redis and Valkey servers for the test session.
 
 Each server runs on a free loopback port with its own temporary directory,
-persists nothing, and is stopped when the session ends.  The test session
+persists nothing (unless ``extra_args`` turn persistence on, e.g.
+``["--appendonly", "yes"]``), and is stopped when the session ends.  The test session
 never touches a server it did not start (the machine's shared one on 6379
 included).
 """
@@ -56,6 +57,8 @@ class Server:
     port: int = attrs.field(factory=free_port)
     directory: str = attrs.field(factory=lambda: tempfile.mkdtemp(prefix="docket-server-"))
     process: subprocess.Popen[bytes] | None = None
+    #: more command-line options, after the defaults (so they override them)
+    extra_args: list[str] = attrs.field(factory=list)
 
     @property
     def url(self) -> str:
@@ -77,6 +80,7 @@ class Server:
                 self.directory,
                 "--logfile",
                 os.path.join(self.directory, "server.log"),
+                *self.extra_args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -101,7 +105,8 @@ class Server:
         self.process = None
 
     def restart(self) -> None:
-        """Stop and start again on the same port (losing all data)."""
+        """Stop and start again on the same port: the data is lost unless
+        ``extra_args`` turned persistence on (``--appendonly yes``)."""
         self.stop()
         self.start()
 
