@@ -28,7 +28,7 @@ from .dependencies import (
 )
 from .docket import Docket, DocketSnapshot, RunningExecution, WorkerInfo
 from .execution import Execution, ExecutionCancelled
-from .sansio.errors import DocketError, StoreError, UsageError
+from .sansio.errors import DocketError, StoreError, StoreUnavailable, UsageError
 from .sansio.strikes import Operator
 from .sansio.values import Disposition, ExecutionState
 from .worker import Worker
@@ -61,6 +61,7 @@ __all__ = [
     "Retry",
     "RunningExecution",
     "StoreError",
+    "StoreUnavailable",
     "TaskArgument",
     "TaskKey",
     "TaskLogger",

@@ -71,11 +71,14 @@ class StorageAdapter(Protocol):
         now: float,
         redelivery_timeout: float,
         block: float,
+        recover: bool = False,
     ) -> ReadResult:
         """Hand ``worker`` up to ``count`` deliveries.
 
-        In one step: queue every scheduled message with ``when <= now``; take
-        over deliveries whose holder has not renewed them for
+        In one step: queue every scheduled message with ``when <= now``; with
+        ``recover``, hand back the deliveries ``worker`` already holds (a read
+        whose reply was lost leaves them there; the caller skips the ones it
+        knows); take over deliveries whose holder has not renewed them for
         ``redelivery_timeout`` seconds (``redelivered=True``); then hand out
         queued messages.  When there is nothing, wait up to ``block`` seconds
         for something to be queued or scheduled, then return what there is

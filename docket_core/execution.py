@@ -51,9 +51,7 @@ class Execution:
     ) -> None:
         self._docket = docket
         self._function = function
-        self._function_name: str = function_name or str(
-            getattr(function, "__name__", "<unknown>")
-        )
+        self._function_name: str = function_name or str(getattr(function, "__name__", "<unknown>"))
         self._args = args
         self._kwargs = kwargs
         self._key = key

@@ -34,7 +34,7 @@ from .dependencies import ForcedRetry, TaskContext, resolve
 from .docket import Docket
 from .execution import Execution, to_datetime
 from .sansio.effects import CancelTask, RuntimeEffect, StartTask, StoreEffect
-from .sansio.errors import StoreError, UsageError
+from .sansio.errors import StoreError, StoreUnavailable, UsageError
 from .sansio.inputs import (
     Arrival,
     CancelRequested,
@@ -184,6 +184,9 @@ class Worker:
         check = self.minimum_check_interval.total_seconds()
         redelivery = self.redelivery_timeout.total_seconds()
         next_due: float | None = None
+        # after a failed read, first ask for what this worker already holds:
+        # a read the store ran but whose reply was lost left deliveries there
+        recover = False
         while not self._stopping.is_set():
             # a point to notice cancellation even when the store never blocks
             await anyio.lowlevel.checkpoint()
@@ -202,8 +205,10 @@ class Worker:
                     count=capacity,
                     now=now,
                     redelivery_timeout=redelivery,
-                    block=block,
+                    block=0.0 if recover else block,
+                    recover=recover,
                 )
+                recover = False
                 next_due = result.next_due
                 if result.deliveries:
                     arrivals = tuple(self._prepare(d) for d in result.deliveries)
@@ -212,6 +217,7 @@ class Worker:
                 elif until_finished and machine.idle and await adapter.pending() == 0:
                     return
             except StoreError as error:
+                recover = True
                 await self._store_trouble(error)
 
     async def _store_trouble(self, error: StoreError) -> None:
@@ -297,11 +303,21 @@ class Worker:
 
     async def _execute(self, effects: list[StoreEffect]) -> list[Any]:
         """Carry out a batch, retrying while the store is away: every store
-        effect is safe to repeat, and dropping one could lose a task."""
+        effect is safe to repeat, and dropping one could lose a task.  A batch
+        the store refuses outright (not a lost connection) is tried a few times,
+        then the worker stops with the error: its deliveries stay with the
+        store and go to another worker once their leases run out."""
+        refusals = 0
         while True:
             try:
                 return await self.docket.adapter.execute(effects)
+            except StoreUnavailable as error:
+                await self._store_trouble(error)
             except StoreError as error:
+                refusals += 1
+                if refusals >= 3:
+                    logger.error("the store refused a batch three times: %s", error)
+                    raise
                 await self._store_trouble(error)
 
     def _run_effect(self, effect: RuntimeEffect) -> None:

@@ -30,9 +30,9 @@ from glide import ConnectionError as GlideConnectionError
 from glide import TimeoutError as GlideTimeoutError
 
 from docket_core.lua import SCRIPTS
-from docket_core.lua.base import ScriptedStore
+from docket_core.lua.base import ScriptedStore, transient
 from docket_core.lua.protocol import GROUP, ScriptCall, text
-from docket_core.sansio.errors import StoreError, UsageError
+from docket_core.sansio.errors import StoreError, StoreUnavailable, UsageError
 
 #: kept alive for the life of the process: GLIDE reloads scripts from these
 _SCRIPTS = {name: Script(source) for name, source in SCRIPTS.items()}  # type: ignore[no-untyped-call]
@@ -113,9 +113,9 @@ class GlideStore(ScriptedStore):
                 )
             )
         except _FAILURES as error:
-            raise StoreError(f"cannot reach the server through GLIDE: {error}") from error
+            raise StoreUnavailable(f"cannot reach the server through GLIDE: {error}") from error
         except RequestError as error:
-            raise StoreError(f"cannot reach the server through GLIDE: {error}") from error
+            raise StoreUnavailable(f"cannot reach the server through GLIDE: {error}") from error
 
     async def _main(self) -> GlideClient:
         if self.client is None:
@@ -148,8 +148,10 @@ class GlideStore(ScriptedStore):
                     await client.custom_command(["SCRIPT", "LOAD", source])
                 return await self._run(client, calls)
         except _FAILURES as error:
-            raise StoreError(f"server unavailable: {error}") from error
+            raise StoreUnavailable(f"server unavailable: {error}") from error
         except RequestError as error:
+            if transient(str(error)):
+                raise StoreUnavailable(f"the server is not ready: {error}") from error
             raise StoreError(f"the server refused a docket script: {error}") from error
 
     async def _run(self, client: GlideClient, calls: Sequence[ScriptCall]) -> list[Any]:
@@ -191,7 +193,7 @@ class GlideStore(ScriptedStore):
             )
         except _FAILURES as error:
             await reader.close()
-            raise StoreError(f"server unavailable: {error}") from error
+            raise StoreUnavailable(f"server unavailable: {error}") from error
         except RequestError as error:
             self._readers.append(reader)
             if "NOGROUP" in str(error):
@@ -210,14 +212,14 @@ class GlideStore(ScriptedStore):
             await client.xack(self.layout.stream, GROUP, list(ids))
             await client.xdel(self.layout.stream, list(ids))
         except _FAILURES as error:
-            raise StoreError(f"server unavailable: {error}") from error
+            raise StoreUnavailable(f"server unavailable: {error}") from error
 
     async def hash_fields(self, key: str) -> list[Any]:
         client = await self._main()
         try:
             mapping = await client.hgetall(key)
         except _FAILURES as error:
-            raise StoreError(f"server unavailable: {error}") from error
+            raise StoreUnavailable(f"server unavailable: {error}") from error
         flat: list[Any] = []
         for field, value in mapping.items():
             flat += [field, value]
@@ -230,7 +232,7 @@ class GlideStore(ScriptedStore):
                 ["XRANGE", self.layout.strikes, f"({after}", "+"]
             )
         except _FAILURES as error:
-            raise StoreError(f"server unavailable: {error}") from error
+            raise StoreUnavailable(f"server unavailable: {error}") from error
         entries = []
         for entry_id, fields in _stream_entries_flat(reply):
             data = dict(zip(fields[::2], fields[1::2], strict=True)).get(b"i")
@@ -243,7 +245,7 @@ class GlideStore(ScriptedStore):
         try:
             entry_id = await client.custom_command(["XADD", self.layout.strikes, "*", "i", data])
         except _FAILURES as error:
-            raise StoreError(f"server unavailable: {error}") from error
+            raise StoreUnavailable(f"server unavailable: {error}") from error
         return text(entry_id)
 
     @asynccontextmanager
@@ -259,7 +261,7 @@ class GlideStore(ScriptedStore):
                 try:
                     message = await subscriber.get_pubsub_message()
                 except _FAILURES as error:
-                    raise StoreError(f"server unavailable: {error}") from error
+                    raise StoreUnavailable(f"server unavailable: {error}") from error
                 data = message.message
                 yield data if isinstance(data, bytes) else str(data).encode()
 

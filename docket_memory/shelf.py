@@ -148,11 +148,25 @@ class Shelf:
                 self.publish(key, state_event(key, ExecutionState.QUEUED, when=message.when))
 
     def take(
-        self, worker: str, count: int, now: float, redelivery_timeout: float
+        self,
+        worker: str,
+        count: int,
+        now: float,
+        redelivery_timeout: float,
+        *,
+        recover: bool = False,
     ) -> list[Delivery]:
-        """Promote due messages, take over stale leases, hand out queued ones."""
+        """Promote due messages, (with ``recover``) hand back what ``worker``
+        holds, take over stale leases, hand out queued ones."""
         self.promote(now)
         deliveries: list[Delivery] = []
+        if recover:
+            for delivery_id, held in self.held.items():
+                if held.worker == worker:
+                    held.renewed_at = now
+                    deliveries.append(
+                        Delivery(delivery_id=delivery_id, message=held.message, redelivered=True)
+                    )
         if self.slots:
             self.drop_stale_slots(now, redelivery_timeout)
         if self.held:

@@ -172,11 +172,7 @@ class MemoryStore:
                 continue
             if record is not None and record.state is ExecutionState.CANCELLED:
                 verdict = ClaimVerdict.CANCELLED
-            elif (
-                record is None
-                or record.generation != item.generation
-                or record.state.terminal
-            ):
+            elif record is None or record.generation != item.generation or record.state.terminal:
                 verdict = ClaimVerdict.SUPERSEDED
             else:
                 verdict = ClaimVerdict.CLAIMED
@@ -301,9 +297,10 @@ class MemoryStore:
         now: float,
         redelivery_timeout: float,
         block: float,
+        recover: bool = False,
     ) -> ReadResult:
         shelf = self.shelf
-        deliveries = shelf.take(worker, count, now, redelivery_timeout)
+        deliveries = shelf.take(worker, count, now, redelivery_timeout, recover=recover)
         if not deliveries and block > 0:
             with anyio.move_on_after(block):
                 await shelf.changed()

@@ -11,9 +11,9 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from docket_core.lua import SCRIPTS
-from docket_core.lua.base import ScriptedStore
+from docket_core.lua.base import ScriptedStore, transient
 from docket_core.lua.protocol import GROUP, ScriptCall, text
-from docket_core.sansio.errors import StoreError, UsageError
+from docket_core.sansio.errors import StoreError, StoreUnavailable, UsageError
 
 _SHAS = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in SCRIPTS.items()}
 
@@ -48,7 +48,7 @@ class RedisStore(ScriptedStore):
         try:
             await self.client.ping()
         except _FAILURES as error:
-            raise StoreError(f"cannot reach Redis: {error}") from error
+            raise StoreUnavailable(f"cannot reach Redis: {error}") from error
 
     async def close(self) -> None:
         if self._owned:
@@ -64,11 +64,13 @@ class RedisStore(ScriptedStore):
                 await self._load_scripts()
                 return await self._evalsha(calls)
         except _FAILURES as error:
-            raise StoreError(f"Redis unavailable: {error}") from error
+            raise StoreUnavailable(f"Redis unavailable: {error}") from error
         except redis_errors.ResponseError as error:
             if "noscript" in str(error).lower():
                 await self._load_scripts()
                 return await self._evalsha(calls)
+            if transient(str(error)):
+                raise StoreUnavailable(f"Redis is not ready: {error}") from error
             raise StoreError(f"Redis refused a docket script: {error}") from error
 
     async def _evalsha(self, calls: Sequence[ScriptCall]) -> list[Any]:
@@ -99,7 +101,7 @@ class RedisStore(ScriptedStore):
                 GROUP, worker, {self.layout.stream: ">"}, count=count, block=block_ms
             )
         except _FAILURES as error:
-            raise StoreError(f"Redis unavailable: {error}") from error
+            raise StoreUnavailable(f"Redis unavailable: {error}") from error
         except redis_errors.ResponseError as error:
             if "NOGROUP" in str(error):
                 return []  # the next read script creates the group
@@ -121,13 +123,13 @@ class RedisStore(ScriptedStore):
             pipe.xdel(self.layout.stream, *ids)
             await pipe.execute()
         except _FAILURES as error:
-            raise StoreError(f"Redis unavailable: {error}") from error
+            raise StoreUnavailable(f"Redis unavailable: {error}") from error
 
     async def hash_fields(self, key: str) -> list[Any]:
         try:
             mapping: Any = await self.client.hgetall(key)
         except _FAILURES as error:
-            raise StoreError(f"Redis unavailable: {error}") from error
+            raise StoreUnavailable(f"Redis unavailable: {error}") from error
         flat: list[Any] = []
         for field, value in mapping.items():
             flat += [field, value]
@@ -137,14 +139,14 @@ class RedisStore(ScriptedStore):
         try:
             entries: Any = await self.client.xrange(self.layout.strikes, min=f"({after}")
         except _FAILURES as error:
-            raise StoreError(f"Redis unavailable: {error}") from error
+            raise StoreUnavailable(f"Redis unavailable: {error}") from error
         return [(text(entry_id), fields[b"i"]) for entry_id, fields in entries]
 
     async def append_strike(self, data: bytes) -> str:
         try:
             entry_id = await self.client.xadd(self.layout.strikes, {"i": data})
         except _FAILURES as error:
-            raise StoreError(f"Redis unavailable: {error}") from error
+            raise StoreUnavailable(f"Redis unavailable: {error}") from error
         return text(entry_id)
 
     @asynccontextmanager
@@ -153,14 +155,14 @@ class RedisStore(ScriptedStore):
         try:
             await pubsub.subscribe(channel)
         except _FAILURES as error:
-            raise StoreError(f"Redis unavailable: {error}") from error
+            raise StoreUnavailable(f"Redis unavailable: {error}") from error
 
         async def messages() -> AsyncIterator[bytes]:
             while True:
                 try:
                     message = await pubsub.get_message(timeout=None)
                 except _FAILURES as error:
-                    raise StoreError(f"Redis unavailable: {error}") from error
+                    raise StoreUnavailable(f"Redis unavailable: {error}") from error
                 if message is not None and message.get("type") == "message":
                     yield message["data"]
 

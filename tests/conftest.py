@@ -19,10 +19,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from servers import Server, redis_server_binary, valkey_server_binary
 
 from docket_core import Docket, Worker
-
-from servers import Server, redis_server_binary, valkey_server_binary
 
 MEMORY_BACKENDS = ["memory-asyncio", "memory-trio"]
 CONTRACT_BACKENDS = [

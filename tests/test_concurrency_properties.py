@@ -813,7 +813,7 @@ def test_a_blocked_redelivery_belongs_to_its_new_owner_and_the_old_one_stops() -
     """Once B took the delivery over (A's lease ran out), the record follows B's
     copy, parked behind the limit; A learns at its next renewal that the
     delivery is gone and stops its run without recording anything."""
-    rig, delivery_id, holder_a = blocked_redelivery()
+    rig, delivery_id, _ = blocked_redelivery()
     record = rig.shelf.records["K"]
     assert (record.state, record.worker) == (ExecutionState.SCHEDULED, None)
     a = rig.machines["A"]

@@ -132,7 +132,7 @@ async def test_a_server_restart_mid_drain_loses_no_task(
             concurrency=5,
             reconnection_delay=timedelta(milliseconds=100),
             # a read whose reply the restart cut off leaves its deliveries in this
-            # worker's pending list until they are taken over (see the xfail below)
+            # worker's pending list; the worker asks for them again after a failed read
             redelivery_timeout=timedelta(seconds=2),
             minimum_check_interval=timedelta(milliseconds=10),
             scheduling_resolution=timedelta(milliseconds=10),
@@ -170,15 +170,6 @@ async def test_a_server_restart_mid_drain_loses_no_task(
 
 
 @pytest.mark.backends(*SERVER_BACKENDS)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a read the server ran but whose reply was lost (connection cut by a restart) "
-        "leaves its deliveries in the worker's own pending entries list; nothing "
-        "re-reads them, so they wait for XAUTOCLAIM after redelivery_timeout "
-        "(5 min by default) while the worker idles; seen ~1 in 10 restarts on GLIDE"
-    ),
-)
 async def test_deliveries_of_a_read_whose_reply_was_lost_come_back_promptly(
     docket: Docket,
 ) -> None:

@@ -52,6 +52,14 @@ STRIKE_REFRESH_SECONDS = 1.0
 #: the longest a server may overrun a blocked read's timeout (1 / hz, hz=10)
 SERVER_TICK = 0.1
 
+#: server replies that mean "not now" rather than "never"
+_TRANSIENT_REPLIES = ("LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY")
+
+
+def transient(message: str) -> bool:
+    """Whether a server error reply is worth retrying (a restart, a failover)."""
+    return any(word in message for word in _TRANSIENT_REPLIES)
+
 
 class ScriptedStore(abc.ABC):
     """A ``StorageAdapter`` for Redis-protocol servers, minus the client."""
@@ -114,6 +122,7 @@ class ScriptedStore(abc.ABC):
         now: float,
         redelivery_timeout: float,
         block: float,
+        recover: bool = False,
     ) -> ReadResult:
         call = self.layout.call(
             "read",
@@ -122,6 +131,7 @@ class ScriptedStore(abc.ABC):
             number(now),
             str(int(redelivery_timeout * 1000)),
             PROMOTE_LIMIT,
+            "1" if recover else "0",
         )
         started = time.monotonic()
         (reply,) = await self.run_calls([call])

@@ -5,6 +5,12 @@ local info = P .. ':worker-tasks:' .. worker
 if leaving == '1' then
   redis.call('ZREM', workers, worker)
   redis.call('DEL', info)
+  -- forget the consumer too, unless it still holds deliveries (they must
+  -- stay pending so another worker takes them over)
+  local ok, held = pcall(redis.call, 'XPENDING', Q, GROUP, '-', '+', 1, worker)
+  if ok and #held == 0 then
+    redis.call('XGROUP', 'DELCONSUMER', Q, GROUP, worker)
+  end
   return 0
 end
 redis.call('ZADD', workers, now, worker)

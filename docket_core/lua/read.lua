@@ -1,4 +1,5 @@
--- Read: ARGV = prefix, group, worker, count, now, redelivery_ms, promote_limit.
+-- Read: ARGV = prefix, group, worker, count, now, redelivery_ms, promote_limit,
+-- recover ('1': first hand back up to 1000 entries this worker already holds).
 -- Queues due messages, takes over deliveries idle for redelivery_ms, then
 -- reads new ones.  Returns {deliveries, next_due} where each delivery is
 -- {id, fields, redelivered}; wake entries are acknowledged and skipped.
@@ -34,6 +35,11 @@ local function take(entries, redelivered)
       out[#out + 1] = {id, fields, redelivered}
     end
   end
+end
+if ARGV[8] == '1' then
+  local ok, own = pcall(redis.call, 'XREADGROUP', 'GROUP', GROUP, worker, 'COUNT', 1000,
+                        'STREAMS', Q, '0')
+  if ok and own then take(own[1][2], 1) end
 end
 local ok, claimed = pcall(redis.call, 'XAUTOCLAIM', Q, GROUP, worker, idle, '0-0',
                           'COUNT', count)

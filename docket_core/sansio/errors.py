@@ -2,9 +2,11 @@
 
 ``UsageError``: the caller did something docket cannot do (an unknown task
 name, an argument that cannot be pickled, a limit on a missing argument).
-``StoreError``: the store failed or answered nonsense (connection lost,
-unexpected reply).  ``InvalidTransition``: an input arrived that the state
-machine's table has no row for, which is a bug in docket itself.
+``StoreError``: the store failed or answered nonsense (an unexpected reply,
+a refused script); its subclass ``StoreUnavailable``: the store cannot be
+reached right now (connection lost), worth retrying.  ``InvalidTransition``:
+an input arrived that the state machine's table has no row for, which is a bug
+in docket itself.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ class UsageError(DocketError, ValueError):
 
 class StoreError(DocketError):
     """The store's fault: it failed or answered something unexpected."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached right now (connection lost, timed out);
+    the same request may succeed once it is back."""
 
 
 class InvalidTransition(DocketError):
