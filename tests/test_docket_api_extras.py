@@ -7,14 +7,13 @@ of add/cancel/get_result/get_execution.
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
 import pytest
+from helpers import Now, finish, key, running
 
 from docket_core import (
     Agenda,
@@ -34,29 +33,6 @@ from docket_core.testing import (
 )
 
 pytestmark = pytest.mark.anyio
-
-Now = Callable[[], datetime]
-
-
-@asynccontextmanager
-async def running(worker: Worker, limit: float = 5.0) -> AsyncIterator[None]:
-    """Run ``worker`` in the background for the duration of the block."""
-    with anyio.fail_after(limit):
-        async with anyio.create_task_group() as group:
-            group.start_soon(worker.run_forever)
-            try:
-                yield
-            finally:
-                group.cancel_scope.cancel()
-
-
-async def finish(worker: Worker, limit: float = 2.0) -> None:
-    with anyio.fail_after(limit):
-        await worker.run_until_finished()
-
-
-def key() -> str:
-    return f"key-{uuid.uuid4().hex}"
 
 
 # -- Agenda ------------------------------------------------------------------------------------

@@ -5,14 +5,12 @@ Strikes, snapshot, clear, workers and task_workers.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
 import pytest
+from helpers import Now, finish, key, running
 
 from docket_core import (
     Disposition,
@@ -24,29 +22,6 @@ from docket_core import (
 )
 
 pytestmark = pytest.mark.anyio
-
-Now = Callable[[], datetime]
-
-
-@asynccontextmanager
-async def running(worker: Worker, limit: float = 5.0) -> AsyncIterator[None]:
-    """Run ``worker`` in the background for the duration of the block."""
-    with anyio.fail_after(limit):
-        async with anyio.create_task_group() as group:
-            group.start_soon(worker.run_forever)
-            try:
-                yield
-            finally:
-                group.cancel_scope.cancel()
-
-
-async def finish(worker: Worker, limit: float = 2.0) -> None:
-    with anyio.fail_after(limit):
-        await worker.run_until_finished()
-
-
-def key() -> str:
-    return f"key-{uuid.uuid4().hex}"
 
 
 # -- strikes ----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
+from helpers import loaded, make_worker
 
 from docket_core import (
     CurrentExecution,
@@ -25,26 +26,11 @@ from docket_core import (
     ExecutionState,
     Perpetual,
     Retry,
-    Worker,
 )
 from docket_core.sansio.effects import Schedule
 from docket_core.sansio.values import ScheduleMode, TaskMessage
 
 pytestmark = pytest.mark.anyio
-
-FAST = timedelta(milliseconds=5)
-
-
-def make_worker(docket: Docket, **options: Any) -> Worker:
-    options.setdefault("minimum_check_interval", FAST)
-    options.setdefault("scheduling_resolution", FAST)
-    return Worker(docket, **options)
-
-
-async def loaded(docket: Docket, key: str) -> Execution:
-    execution = await docket.get_execution(key)
-    assert execution is not None
-    return execution
 
 
 # -- redelivery and leases ------------------------------------------------------------

@@ -8,10 +8,10 @@ import itertools
 import threading
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import anyio
 import pytest
+from helpers import make_worker
 
 from docket_core import (
     CurrentDocket,
@@ -24,18 +24,9 @@ from docket_core import (
     Retry,
     TaskKey,
     Timeout,
-    Worker,
 )
 
 pytestmark = pytest.mark.anyio
-
-FAST = timedelta(milliseconds=5)
-
-
-def make_worker(docket: Docket, **options: Any) -> Worker:
-    options.setdefault("minimum_check_interval", FAST)
-    options.setdefault("scheduling_resolution", FAST)
-    return Worker(docket, **options)
 
 
 async def state_of(docket: Docket, key: str) -> ExecutionState:
