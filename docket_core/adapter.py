@@ -110,8 +110,9 @@ class StorageAdapter(Protocol):
     def subscribe(self, key: str) -> AbstractAsyncContextManager[AsyncIterator[Event]]:
         """Listen to the key's state and progress events (live ones only)."""
 
-    def cancellations(self) -> AbstractAsyncContextManager[AsyncIterator[str]]:
-        """Listen to the keys being cancelled (for workers)."""
+    def cancellations(self) -> AbstractAsyncContextManager[AsyncIterator[tuple[str, int]]]:
+        """Listen to cancellations (for workers): ``(key, generation)`` pairs,
+        the generation being the one the cancel gave the key."""
 
     async def add_strike(self, instruction: StrikeInstruction) -> None:
         """Append a strike or restore for every process of the docket."""

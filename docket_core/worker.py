@@ -297,6 +297,11 @@ class Worker:
                     outcomes = await self._execute(store)
                     machine.store_replied(store, outcomes, time.time())
                     self._capacity.set()
+                    if len(self._calls) > len(machine.in_flight):
+                        # deliveries that ended without starting (struck,
+                        # superseded, parked, lost) leave their calls behind
+                        for delivery_id in [d for d in self._calls if d not in machine.in_flight]:
+                            del self._calls[delivery_id]
             if machine.said_goodbye:
                 self._finished.set()
                 return
@@ -308,10 +313,20 @@ class Worker:
         then the worker stops with the error: its deliveries stay with the
         store and go to another worker once their leases run out."""
         refusals = 0
+        give_up_at: float | None = None
         while True:
             try:
                 return await self.docket.adapter.execute(effects)
             except StoreUnavailable as error:
+                machine = self._machine
+                if machine is not None and not machine.accepting:
+                    # stopping: wait for the store at most one redelivery
+                    # timeout; what stays unacknowledged goes to another worker
+                    now = time.monotonic()
+                    give_up_at = give_up_at or now + self.redelivery_timeout.total_seconds()
+                    if now >= give_up_at:
+                        logger.error("stopping without the store: %s", error)
+                        raise
                 await self._store_trouble(error)
             except StoreError as error:
                 refusals += 1
@@ -349,8 +364,10 @@ class Worker:
         while True:
             try:
                 async with self.docket.adapter.cancellations() as keys:
-                    async for key in keys:
-                        machine.receive(CancelRequested(key=key, now=time.time()))
+                    async for key, generation in keys:
+                        machine.receive(
+                            CancelRequested(key=key, now=time.time(), generation=generation)
+                        )
                         self._dirty.set()
             except StoreError as error:
                 await self._store_trouble(error)
@@ -412,9 +429,11 @@ class Worker:
                         if inspect.iscoroutinefunction(function):
                             value = await function(*call.args, **call.kwargs)
                         else:
+                            # a thread cannot be interrupted: a timed-out or
+                            # cancelled sync task ends when it returns, and only
+                            # then is its slot released or its retry scheduled
                             value = await anyio.to_thread.run_sync(
-                                partial(function, *call.args, **call.kwargs),
-                                abandon_on_cancel=True,
+                                partial(function, *call.args, **call.kwargs)
                             )
                         if value is not None and self.docket.execution_ttl.total_seconds() > 0:
                             result = dumps_value(value)

@@ -62,7 +62,7 @@ class Shelf:
     workers: dict[str, WorkerRecord] = attrs.field(factory=dict)
     strikes: StrikeList = attrs.field(factory=StrikeList)
     subscribers: dict[str, set[MemoryObjectSendStream[dict[str, Any]]]] = attrs.field(factory=dict)
-    cancel_listeners: set[MemoryObjectSendStream[str]] = attrs.field(factory=set)
+    cancel_listeners: set[MemoryObjectSendStream[tuple[str, int]]] = attrs.field(factory=set)
     waiting: list[anyio.Event] = attrs.field(factory=list)
     #: limit key -> when a waiter of it was last woken
     woken: dict[str, float] = attrs.field(factory=dict)
@@ -116,11 +116,13 @@ class Shelf:
         return state
 
     def unqueue(self, key: str) -> None:
-        """Remove the key's scheduled or queued message, if any."""
+        """Remove the key's scheduled, queued or parked message, if any."""
         self.future.pop(key, None)
         delivery_id = self.ready_ids.pop(key, None)
         if delivery_id is not None:
             self.ready.pop(delivery_id, None)
+        if self.waiters:
+            self.unpark(key)
 
     def next_due(self) -> float | None:
         heap = self.due_heap
@@ -216,10 +218,16 @@ class Shelf:
     # -- concurrency limits --------------------------------------------------------
 
     def park(self, limit_key: str, message: TaskMessage) -> None:
-        """Put a claimed message behind its limit until a slot frees."""
-        self.waiters.setdefault(limit_key, deque()).append(message)
+        """Put a claimed message behind its limit until a slot frees (unless
+        it was superseded meanwhile, or already waits there)."""
         record = self.records.get(message.key)
-        if record is not None and record.generation == message.generation:
+        waiting = self.waiters.setdefault(limit_key, deque())
+        if record is None or record.generation != message.generation:
+            if not waiting:
+                del self.waiters[limit_key]
+            return
+        if not any(m.key == message.key for m in waiting):
+            waiting.append(message)
             self.records[message.key] = attrs.evolve(
                 record, state=ExecutionState.SCHEDULED, worker=None, started_at=None
             )

@@ -227,12 +227,12 @@ class MemoryStore:
         if record is None or record.state.terminal:
             return CancelDone(key=effect.key, previous=record.state if record else None)
         shelf.unqueue(effect.key)
-        shelf.unpark(effect.key)
         shelf.progress.pop(effect.key, None)
+        generation = next(shelf.ids)
         shelf.conclude(
             attrs.evolve(
                 record,
-                generation=next(shelf.ids),
+                generation=generation,
                 state=ExecutionState.CANCELLED,
                 completed_at=effect.now,
             ),
@@ -240,7 +240,7 @@ class MemoryStore:
             effect.ttl,
         )
         for send in list(shelf.cancel_listeners):
-            send.send_nowait(effect.key)
+            send.send_nowait((effect.key, generation))
         return CancelDone(key=effect.key, previous=record.state)
 
     def _renew(self, effect: RenewLeases) -> LeasesRenewed:
@@ -369,9 +369,9 @@ class MemoryStore:
             send.close()
 
     @asynccontextmanager
-    async def cancellations(self) -> AsyncIterator[AsyncIterator[str]]:
-        send: MemoryObjectSendStream[str]
-        send, receive = anyio.create_memory_object_stream[str](max_buffer_size=10_000)
+    async def cancellations(self) -> AsyncIterator[AsyncIterator[tuple[str, int]]]:
+        send: MemoryObjectSendStream[tuple[str, int]]
+        send, receive = anyio.create_memory_object_stream[tuple[str, int]](max_buffer_size=10_000)
         self.shelf.cancel_listeners.add(send)
         try:
             async with receive:

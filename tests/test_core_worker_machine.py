@@ -488,6 +488,18 @@ def test_cancelled_runs_never_retry_or_perpetuate() -> None:
     assert machine.counters["cancelled"] == 1
 
 
+def test_a_cancel_spares_a_key_added_again_after_it() -> None:
+    """The cancel signal names the generation the cancel gave the key; a
+    delivery of a newer generation (the key was added again at once) runs on."""
+    machine = make_machine()
+    start(machine, arrival("d1", generation=7))
+    machine.receive(CancelRequested(key="key-d1", now=1.0, generation=6))
+    assert machine.effects() == []
+    assert machine.in_flight["d1"].phase is Phase.RUNNING
+    machine.receive(CancelRequested(key="key-d1", now=1.0, generation=8))
+    assert machine.effects() == [CancelTask(delivery_id="d1", reason="cancelled")]
+
+
 def test_a_cancelled_run_that_finishes_anyway_reports_what_it_did() -> None:
     machine = make_machine()
     start(machine, arrival("d1"))

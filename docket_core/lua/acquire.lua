@@ -18,7 +18,8 @@ end
 -- park: the delivery is acknowledged and the key waits at the tail
 acknowledge(id)
 local run = run_key(key)
-if tonumber(redis.call('HGET', run, 'g') or '-1') == tonumber(gen) then
+local r = redis.call('HMGET', run, 'g', 'parked')
+if tonumber(r[1] or '-1') == tonumber(gen) and r[2] ~= limit then
   redis.call('RPUSH', wait_key(limit), key)
   redis.call('SADD', P .. ':waiting', limit)
   redis.call('HSET', run, 'state', 'scheduled', 'parked', limit)

@@ -70,6 +70,8 @@ class ScriptedStore(abc.ABC):
         self._strikes = StrikeList()
         self._strikes_seen = "0-0"
         self._strikes_checked = 0.0
+        #: worker -> where its last scan for stale deliveries stopped
+        self._autoclaim_cursor: dict[str, str] = {}
 
     # -- client primitives (the adapters implement these) -------------------------
 
@@ -132,10 +134,13 @@ class ScriptedStore(abc.ABC):
             str(int(redelivery_timeout * 1000)),
             PROMOTE_LIMIT,
             "1" if recover else "0",
+            self._autoclaim_cursor.get(worker, "0-0"),
         )
         started = time.monotonic()
         (reply,) = await self.run_calls([call])
         result = parse_read(reply)
+        if len(reply) > 2:
+            self._autoclaim_cursor[worker] = text(reply[2])
         if result.deliveries or block <= 0:
             return result
         # A blocked read ends early when a message arrives, but its timeout is
@@ -203,12 +208,13 @@ class ScriptedStore(abc.ABC):
             yield events()
 
     @asynccontextmanager
-    async def cancellations(self) -> AsyncIterator[AsyncIterator[str]]:
+    async def cancellations(self) -> AsyncIterator[AsyncIterator[tuple[str, int]]]:
         async with self.listen(self.layout.cancel_channel) as messages:
 
-            async def keys() -> AsyncIterator[str]:
+            async def keys() -> AsyncIterator[tuple[str, int]]:
                 async for data in messages:
-                    yield text(data)
+                    signal = json.loads(data)
+                    yield signal["key"], int(signal["generation"])
 
             yield keys()
 

@@ -5,9 +5,10 @@ local state = redis.call('HGET', run, 'state')
 if not state then return '' end
 if not LIVE[state] then return state end
 unqueue(key)
-redis.call('HSET', run, 'g', next_generation())
+local gen = next_generation()
+redis.call('HSET', run, 'g', gen)
 redis.call('HSET', run, 'state', 'cancelled', 'completed', now)
 conclude(key, ttl)
 publish(key, {type = 'state', state = 'cancelled', completed_at = tonumber(now)})
-redis.call('PUBLISH', P .. ':cancel', key)
+redis.call('PUBLISH', P .. ':cancel', cjson.encode({key = key, generation = gen}))
 return state

@@ -22,6 +22,7 @@ for i = 5, #ARGV, 3 do
       redis.call('XCLAIM', Q, GROUP, worker, 0, id, 'JUSTID')
       redis.call('HSET', run, 'state', 'running', 'worker', worker, 'started', now)
       redis.call('HDEL', run, 'sid')
+      redis.call('DEL', prog_key(key))
       redis.call('HSET', prog_key(key), 'current', 0, 'total', 100)
       publish(key, {type = 'state', state = 'running', worker = worker,
                     started_at = tonumber(now)})

@@ -272,7 +272,7 @@ def message_of(fields: dict[str, Any]) -> TaskMessage:
 
 
 def parse_read(reply: Any) -> ReadResult:
-    entries, next_due = reply
+    entries, next_due = reply[0], reply[1]
     deliveries = []
     for entry_id, flat, redelivered in entries:
         deliveries.append(

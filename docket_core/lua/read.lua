@@ -1,5 +1,7 @@
 -- Read: ARGV = prefix, group, worker, count, now, redelivery_ms, promote_limit,
--- recover ('1': first hand back up to 1000 entries this worker already holds).
+-- recover ('1': first hand back up to 1000 entries this worker already holds),
+-- cursor (where the last scan for stale deliveries stopped; '0-0' to start).
+-- Returns {deliveries, next_due, cursor}.
 -- Queues due messages, takes over deliveries idle for redelivery_ms, then
 -- reads new ones.  Returns {deliveries, next_due} where each delivery is
 -- {id, fields, redelivered}; wake entries are acknowledged and skipped.
@@ -41,8 +43,10 @@ if ARGV[8] == '1' then
                         'STREAMS', Q, '0')
   if ok and own then take(own[1][2], 1) end
 end
-local ok, claimed = pcall(redis.call, 'XAUTOCLAIM', Q, GROUP, worker, idle, '0-0',
-                          'COUNT', count)
+-- XAUTOCLAIM scans at most 10 x COUNT pending entries: resume where the last
+-- read stopped, so stale deliveries behind many live ones are reached too
+local ok, claimed = pcall(redis.call, 'XAUTOCLAIM', Q, GROUP, worker, idle,
+                          ARGV[9] or '0-0', 'COUNT', count)
 if not ok then
   if string.find(tostring(claimed), 'NOGROUP') then
     redis.call('XGROUP', 'CREATE', Q, GROUP, '0', 'MKSTREAM')
@@ -58,4 +62,4 @@ if #out < count then
   if fresh then take(fresh[1][2], 0) end
 end
 local head = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
-return {out, head[2] or ''}
+return {out, head[2] or '', claimed[1]}

@@ -91,10 +91,15 @@ class TaskEnded(Input):
 
 @attrs.frozen(slots=True, kw_only=True)
 class CancelRequested(Input):
-    """Someone cancelled ``key``; stop it if it runs here."""
+    """Someone cancelled ``key``; stop it if it runs here.
+
+    ``generation`` is the one the cancel gave the key: only deliveries older
+    than it are cancelled (a key added again right after the cancel has a
+    newer one); ``None`` cancels every delivery of the key."""
 
     key: str
     now: float
+    generation: int | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -366,6 +366,8 @@ class WorkerMachine:
         for flight in list(self.in_flight.values()):
             if flight.message.key != event.key:
                 continue
+            if event.generation is not None and flight.message.generation >= event.generation:
+                continue  # added again after the cancel
             was_running = flight.phase is Phase.RUNNING
             if flight.phase in (Phase.CLAIMING, Phase.ADMITTING) and flight.cancel_reason is None:
                 flight.cancel_reason = "cancelled"  # remembered until the store answers
