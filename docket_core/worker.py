@@ -33,7 +33,7 @@ from . import dependencies
 from .dependencies import ForcedRetry, TaskContext, resolve
 from .docket import Docket
 from .execution import Execution, to_datetime
-from .sansio.effects import CancelTask, RuntimeEffect, StartTask, StoreEffect
+from .sansio.effects import CancelTask, RuntimeEffect, SeedPerpetuals, StartTask, StoreEffect
 from .sansio.errors import StoreError, StoreUnavailable, UsageError
 from .sansio.inputs import (
     Arrival,
@@ -51,6 +51,9 @@ from .sansio.worker import WorkerConfig, WorkerMachine
 from .serialization import describe, dumps_value, loads_call
 
 logger = logging.getLogger("docket.worker")
+
+#: how often automatic perpetual tasks are added again, as pydocket does
+RESEED_SECONDS = 60.0
 
 
 class Worker:
@@ -128,6 +131,7 @@ class Worker:
             heartbeat_interval=self.docket.heartbeat_interval.total_seconds(),
             execution_ttl=self.docket.execution_ttl.total_seconds(),
             tasks=tuple(sorted(self.docket.tasks)),
+            reseed_interval=RESEED_SECONDS if self.schedule_automatic_tasks else None,
         )
         machine = self._machine = WorkerMachine(config, time.time())
         self._dirty = anyio.Event()
@@ -339,6 +343,8 @@ class Worker:
         if isinstance(effect, StartTask):
             self._group.start_soon(self._run_task, effect.delivery_id)
             self._rearm.set()
+        elif isinstance(effect, SeedPerpetuals):
+            self._group.start_soon(self._seed_automatic)
         elif isinstance(effect, CancelTask):
             scope = self._scopes.get(effect.delivery_id)
             if scope is not None:
@@ -381,13 +387,18 @@ class Worker:
                 return
 
     async def _seed_automatic(self) -> None:
-        for name, function in list(self.docket.tasks.items()):
-            try:
-                policy = dependencies.task_policy(function, name, self.docket.name, {})
-            except UsageError:
-                continue
-            if policy.perpetual is not None and policy.perpetual.automatic:
-                await self.docket.add(name, key=name)()
+        """Add every automatic perpetual task under its own name as key."""
+        try:
+            for name, function in list(self.docket.tasks.items()):
+                try:
+                    policy = dependencies.task_policy(function, name, self.docket.name, {})
+                except UsageError:
+                    continue
+                if policy.perpetual is not None and policy.perpetual.automatic:
+                    await self.docket.add(name, key=name)()
+        except StoreError as error:
+            # the next re-seed tries again
+            logger.warning("could not seed automatic perpetual tasks: %s", error)
 
     # -- running one task --------------------------------------------------------------
 

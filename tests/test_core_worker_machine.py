@@ -19,6 +19,7 @@ from docket_core.sansio.effects import (
     ReleaseSlot,
     RenewLeases,
     Schedule,
+    SeedPerpetuals,
     StartTask,
     StoreEffect,
 )
@@ -1024,3 +1025,23 @@ def test_a_lease_lost_while_claiming_never_starts_the_task() -> None:
     reply(machine, renew, LeasesRenewed(lost=("d1",)), 1.0)
     effects = claim_all(machine, claim, now=1.0)
     assert of_type(effects, StartTask) == [], effects
+
+
+def test_automatic_perpetual_tasks_are_seeded_again_on_an_interval() -> None:
+    machine = make_machine(now=0.0, reseed_interval=60.0, heartbeat_interval=100.0)
+    machine.receive(Tick(now=0.0))
+    assert not [e for e in machine.effects() if isinstance(e, SeedPerpetuals)]
+    assert machine.next_deadline() == 60.0
+    machine.receive(Tick(now=60.0))
+    assert [e for e in machine.effects() if isinstance(e, SeedPerpetuals)] == [SeedPerpetuals()]
+    assert machine.next_deadline() == 100.0  # the heartbeat, then the re-seed at 120
+    machine.receive(ShutdownRequested(now=61.0))
+    machine.effects()
+    machine.receive(Tick(now=130.0))
+    assert not [e for e in machine.effects() if isinstance(e, SeedPerpetuals)]
+
+
+def test_no_reseeding_unless_asked() -> None:
+    machine = make_machine(now=0.0, heartbeat_interval=100.0)
+    machine.receive(Tick(now=1000.0))
+    assert not [e for e in machine.effects() if isinstance(e, SeedPerpetuals)]

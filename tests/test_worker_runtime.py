@@ -457,6 +457,37 @@ async def test_automatic_perpetual_is_seeded_once(docket: Docket) -> None:
     assert snapshot.future[0].when.timestamp() >= runs[0] + 3599
 
 
+async def test_a_cancelled_automatic_perpetual_is_seeded_again(
+    docket: Docket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelling an automatic perpetual task pauses it until the next
+    re-seed (every 60 s; shortened here), as in pydocket."""
+    import docket_core.worker
+
+    monkeypatch.setattr(docket_core.worker, "RESEED_SECONDS", 0.2)
+    runs: list[float] = []
+    ran = anyio.Event()
+
+    async def beat(
+        perpetual: Perpetual = Perpetual(every=timedelta(hours=1), automatic=True),
+    ) -> None:
+        runs.append(time.time())
+        ran.set()
+
+    docket.register(beat)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(make_worker(docket).run_forever)
+            await ran.wait()
+            ran = anyio.Event()
+            await docket.cancel("beat")  # the next run (in an hour) is cancelled
+            cancelled_at = time.time()
+            await ran.wait()  # ... and the re-seed starts the chain again
+            group.cancel_scope.cancel()
+    assert len(runs) == 2
+    assert runs[1] - cancelled_at < 1.0
+
+
 async def test_automatic_perpetual_is_not_seeded_when_disabled(docket: Docket) -> None:
     async def auto(perpetual: Perpetual = Perpetual(automatic=True)) -> None:
         pass

@@ -179,6 +179,13 @@ class StartTask(RuntimeEffect):
 
 
 @attrs.frozen(slots=True, kw_only=True)
+class SeedPerpetuals(RuntimeEffect):
+    """Add every automatic perpetual task again (an add of a key that is
+    still scheduled, queued or running changes nothing), so a chain that was
+    cancelled, struck and restored, or dropped by an old worker resumes."""
+
+
+@attrs.frozen(slots=True, kw_only=True)
 class CancelTask(RuntimeEffect):
     """Cancel the running task function of this delivery.
 

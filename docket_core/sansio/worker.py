@@ -28,6 +28,7 @@ from .effects import (
     ReleaseSlot,
     RenewLeases,
     Schedule,
+    SeedPerpetuals,
     StartTask,
     StoreEffect,
 )
@@ -64,6 +65,8 @@ class WorkerConfig:
     heartbeat_interval: float = 2.0
     execution_ttl: float = 900.0
     tasks: tuple[str, ...] = ()
+    #: how often automatic perpetual tasks are added again (None: never)
+    reseed_interval: float | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.concurrency < 1:
@@ -105,6 +108,8 @@ class WorkerMachine:
         self._effects: list[Effect] = []
         self._next_renewal = now + config.renew_interval
         self._next_heartbeat = now
+        # the runtime seeds automatic perpetual tasks as it starts; re-seed later
+        self._next_seed = now + config.reseed_interval if config.reseed_interval else None
         self._timeouts = 0
         self.accepting = True
         self.said_goodbye = False
@@ -132,6 +137,8 @@ class WorkerMachine:
         if self.said_goodbye:
             return None
         deadline = self._next_heartbeat
+        if self._next_seed is not None and self.accepting:
+            deadline = min(deadline, self._next_seed)
         if self.in_flight:
             deadline = min(deadline, self._next_renewal)
         if self._timeouts:
@@ -408,6 +415,10 @@ class WorkerMachine:
             self._renew(now)
         elif not self.in_flight and now >= self._next_renewal:
             self._next_renewal = now + self.config.renew_interval
+        if self._next_seed is not None and self.accepting and now >= self._next_seed:
+            assert self.config.reseed_interval is not None
+            self._next_seed = now + self.config.reseed_interval
+            self._effects.append(SeedPerpetuals())
         if now >= self._next_heartbeat and not self.said_goodbye:
             self._next_heartbeat = now + self.config.heartbeat_interval
             if self.accepting:
