@@ -225,7 +225,7 @@ class Docket:
     ) -> Execution:
         now = time.time()
         at = now if when is None else to_timestamp(when)
-        key = key or uuid.uuid4().hex
+        key = key or uuid7()
         execution = Execution(self, task, args, kwargs, key, to_datetime(at), function_name=name)
         strikes = await self.adapter.strikes()
         if not strikes.empty and strikes.is_struck(name, bind_arguments(task, args, kwargs)):
@@ -372,6 +372,15 @@ class Docket:
     async def clear(self) -> int:
         """Cancel every scheduled and queued task; return how many there were."""
         return await self.adapter.clear(time.time(), self.execution_ttl.total_seconds())
+
+
+def uuid7() -> str:
+    """A time-ordered UUID (version 7, RFC 9562): keys sort by creation time."""
+    milliseconds = time.time_ns() // 1_000_000
+    value = (milliseconds & (2**48 - 1)) << 80 | int.from_bytes(os.urandom(10)) & (2**80 - 1)
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    return str(uuid.UUID(int=value))
 
 
 def utcnow() -> datetime:

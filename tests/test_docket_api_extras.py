@@ -324,3 +324,16 @@ async def test_get_execution_while_running_shows_worker_and_progress(
         await execution.get_result(timeout=timedelta(seconds=2))
     await execution.sync()
     assert execution.state is ExecutionState.COMPLETED
+
+
+async def test_default_keys_are_time_ordered_uuid7(docket: Docket) -> None:
+    import uuid as uuid_module
+
+    async def job() -> None:
+        pass
+
+    first = await docket.add(job)()
+    await anyio.sleep(0.002)
+    second = await docket.add(job)()
+    assert uuid_module.UUID(first.key).version == 7
+    assert first.key < second.key
