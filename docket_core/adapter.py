@@ -99,13 +99,16 @@ class StorageAdapter(Protocol):
         key: str,
         *,
         now: float,
+        generation: int | None = None,
         current: int | None = None,
         increment: int | None = None,
         total: int | None = None,
         message: str | None = None,
         clear_message: bool = False,
     ) -> ProgressRecord:
-        """Update the key's progress and publish a progress event."""
+        """Update the key's progress and publish a progress event; with a
+        ``generation`` that is no longer the key's (a superseded run still
+        reporting), change nothing and return the progress as it is."""
 
     def subscribe(self, key: str) -> AbstractAsyncContextManager[AsyncIterator[Event]]:
         """Listen to the key's state and progress events (live ones only)."""

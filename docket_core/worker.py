@@ -428,7 +428,7 @@ class Worker:
             now=time.time,
             deadline=flight.deadline,
             on_deadline_change=on_deadline,
-            report_progress=partial(_report, self.docket, execution.key),
+            report_progress=partial(_report, self.docket, execution.key, execution.generation),
         )
         # shielded: a stopping worker drains its tasks; only CancelTask cancels them
         scope = anyio.CancelScope(shield=True)
@@ -481,5 +481,7 @@ class Worker:
     _strikes: StrikeList | None = None
 
 
-async def _report(docket: Docket, key: str, **changes: Any) -> Any:
-    return await docket.adapter.report_progress(key, now=time.time(), **changes)
+async def _report(docket: Docket, key: str, generation: int, **changes: Any) -> Any:
+    return await docket.adapter.report_progress(
+        key, now=time.time(), generation=generation, **changes
+    )

@@ -322,6 +322,7 @@ class MemoryStore:
         key: str,
         *,
         now: float,
+        generation: int | None = None,
         current: int | None = None,
         increment: int | None = None,
         total: int | None = None,
@@ -330,6 +331,9 @@ class MemoryStore:
     ) -> ProgressRecord:
         shelf = self.shelf
         progress = shelf.progress.get(key) or ProgressRecord()
+        record = shelf.records.get(key)
+        if generation is not None and (record is None or record.generation != generation):
+            return progress
         changes: dict[str, Any] = {"updated_at": now}
         if current is not None:
             changes["current"] = current

@@ -337,3 +337,21 @@ async def test_default_keys_are_time_ordered_uuid7(docket: Docket) -> None:
     second = await docket.add(job)()
     assert uuid_module.UUID(first.key).version == 7
     assert first.key < second.key
+
+
+async def test_a_superseded_run_cannot_write_its_successors_progress(
+    docket: Docket, now: Now
+) -> None:
+    async def job() -> None:
+        pass
+
+    old = await docket.add(job, key="k", when=now() + timedelta(hours=1))()
+    new = await docket.replace(job, key="k", when=now() + timedelta(hours=1))()
+    assert new.generation != old.generation
+    adapter = docket.adapter
+    stale = await adapter.report_progress("k", now=1.0, generation=old.generation, current=5)
+    assert stale.current != 5
+    fresh = await adapter.report_progress("k", now=2.0, generation=new.generation, current=7)
+    assert fresh.current == 7
+    progress = await adapter.get_progress("k")
+    assert progress is not None and progress.current == 7

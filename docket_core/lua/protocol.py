@@ -346,6 +346,7 @@ def progress_call(
     key: str,
     *,
     now: float,
+    generation: int | None,
     current: int | None,
     increment: int | None,
     total: int | None,
@@ -364,6 +365,7 @@ def progress_call(
         opt(total),
         message or "",
         "1" if clear_message else "0",
+        opt(generation),
     )
 
 
