@@ -69,8 +69,18 @@ class Worker:
         minimum_check_interval: timedelta = timedelta(milliseconds=250),
         scheduling_resolution: timedelta = timedelta(milliseconds=250),
         schedule_automatic_tasks: bool = True,
+        fallback_task: Callable[..., Any] | None = None,
     ) -> None:
+        """``fallback_task`` runs (with the original arguments and full
+        dependency injection) for messages naming a task this worker does not
+        know; without one, such a message ends FAILED with the reason.
+        ``scheduling_resolution`` is accepted for compatibility with pydocket:
+        due tasks are promoted by every read, and a newly scheduled soonest task
+        wakes the readers, so there is no separate scheduler loop to tune."""
         self.docket = docket
+        if fallback_task is not None:
+            dependencies.validate(fallback_task)
+        self.fallback_task = fallback_task
         self.name = name or f"{socket.gethostname()}#{os.getpid()}"
         self.concurrency = concurrency
         self.redelivery_timeout = redelivery_timeout
@@ -234,7 +244,7 @@ class Worker:
     def _prepare(self, delivery: Delivery) -> Arrival:
         """Decode a delivery and work out its policy (pure work, no store)."""
         message = delivery.message
-        function = self.docket.tasks.get(message.function)
+        function = self.docket.tasks.get(message.function) or self.fallback_task
         if function is None:
             return Arrival(
                 delivery=delivery,

@@ -162,6 +162,31 @@ async def test_an_unknown_task_fails_and_the_worker_goes_on(
     assert worker.counters["succeeded"] == 1
 
 
+async def test_an_unknown_task_goes_to_the_fallback_task(
+    docket: Docket, make_docket: Callable[..., Awaitable[Docket]]
+) -> None:
+    async def renamed_task(customer: int, *, note: str) -> None:
+        raise AssertionError("never runs here")
+
+    unknown = await docket.add(renamed_task)(7, note="hi")
+    other = await make_docket(name=docket.name)
+    seen: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
+
+    async def fallback(
+        *args: object, execution: Execution = CurrentExecution(), **kwargs: object
+    ) -> str:
+        seen.append((execution.function_name, args, kwargs))
+        return "handled"
+
+    worker = make_worker(other, fallback_task=fallback)
+    with anyio.fail_after(2):
+        await worker.run_until_finished()
+    assert seen == [("renamed_task", (7,), {"note": "hi"})]
+    handled = await loaded(docket, unknown.key)
+    assert handled.state is ExecutionState.COMPLETED
+    assert await unknown.get_result(timeout=timedelta(seconds=1)) == "handled"
+
+
 async def test_a_garbage_payload_fails_with_the_unpickling_reason(docket: Docket) -> None:
     key = f"garbage-{uuid.uuid4().hex}"
     message = TaskMessage(key=key, function="trace", payload=b"garbage", when=time.time())
