@@ -13,6 +13,7 @@ over its variable.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import re
@@ -239,6 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="start automatic perpetual tasks (env DOCKET_WORKER_SCHEDULE_AUTOMATIC_TASKS)",
     )
     worker.add_argument(
+        "--fallback-task",
+        default=os.environ.get("DOCKET_WORKER_FALLBACK_TASK"),
+        help=(
+            "module:function run for messages naming an unknown task "
+            "(env DOCKET_WORKER_FALLBACK_TASK; default: record them as failed)"
+        ),
+    )
+    worker.add_argument(
         "--until-finished",
         action="store_true",
         help="exit once no task is due, scheduled or running instead of running forever",
@@ -313,6 +322,10 @@ def _command_worker(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     tasks = _split_tasks(args.tasks)
+    fallback = None
+    if args.fallback_task:
+        module_name, _, attribute = args.fallback_task.partition(":")
+        fallback = getattr(importlib.import_module(module_name), attribute)
 
     async def run() -> None:
         async with Docket(name=args.docket, url=args.url) as docket:
@@ -327,6 +340,7 @@ def _command_worker(args: argparse.Namespace) -> int:
                 minimum_check_interval=args.minimum_check_interval,
                 scheduling_resolution=args.scheduling_resolution,
                 schedule_automatic_tasks=args.schedule_automatic_tasks,
+                fallback_task=fallback,
             ) as worker:
                 if args.until_finished:
                     await worker.run_until_finished()

@@ -10,3 +10,7 @@ async def record_pid(n: int) -> int:
 
 
 tasks = [record_pid]
+
+
+async def fallback(*args: object, **kwargs: object) -> str:
+    return f"fallback{args}"

@@ -88,3 +88,26 @@ async def test_snapshot_strike_and_clear_commands(docket: Docket, docket_url: st
     assert result.returncode == 0, result.stderr
     assert str(pending) in result.stdout
     assert (await docket.snapshot()).future == []
+
+
+async def test_the_worker_command_takes_a_fallback_task(docket: Docket, docket_url: str) -> None:
+    async def retired_task(n: int) -> None:
+        raise AssertionError("never runs here")
+
+    execution = await docket.add(retired_task)(5)
+    result = run_cli(
+        "worker",
+        "--url",
+        docket_url,
+        "--docket",
+        docket.name,
+        "--tasks",
+        "cli_tasks:tasks",
+        "--fallback-task",
+        "cli_tasks:fallback",
+        "--until-finished",
+        "--minimum-check-interval",
+        "10ms",
+    )
+    assert result.returncode == 0, result.stderr
+    assert await execution.get_result() == "fallback(5,)"
