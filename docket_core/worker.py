@@ -224,11 +224,18 @@ class Worker:
                 )
                 recover = False
                 next_due = result.next_due
-                if result.deliveries:
-                    arrivals = tuple(self._prepare(d) for d in result.deliveries)
+                held = machine.in_flight
+                fresh = [d for d in result.deliveries if d.delivery_id not in held]
+                if fresh:
+                    arrivals = tuple(self._prepare(d) for d in fresh)
                     machine.receive(Delivered(arrivals=arrivals, now=time.time()))
                     self._dirty.set()
-                elif until_finished and machine.idle and await adapter.pending() == 0:
+                elif (
+                    not result.deliveries
+                    and until_finished
+                    and machine.idle
+                    and await adapter.pending() == 0
+                ):
                     return
             except StoreError as error:
                 recover = True

@@ -38,14 +38,16 @@ class CeilingSystem(System):
             raise Unsupported("no per-key concurrency limit")
         await self.client.xadd(STREAM, {"k": kind, "t": repr(t)})
 
-    async def enqueue_batch(self, n: int) -> None:
+    async def enqueue_many(self, kind: str, n: int) -> None:
         import time
 
+        if kind == "limited":
+            raise Unsupported("no per-key concurrency limit")
         t = repr(time.time())
         for start in range(0, n, 1000):
             async with self.client.pipeline(transaction=False) as pipe:
                 for _ in range(start, min(n, start + 1000)):
-                    pipe.xadd(STREAM, {"k": "noop", "t": t})
+                    pipe.xadd(STREAM, {"k": kind, "t": t})
                 await pipe.execute()
 
     async def schedule(self, due: float) -> None:

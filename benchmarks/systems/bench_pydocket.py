@@ -88,11 +88,17 @@ class PydocketSystem(System):
         else:
             await self.docket.add(TASKS[kind])(t)
 
-    async def enqueue_batch(self, n: int) -> None:
+    async def enqueue_many(self, kind: str, n: int) -> None:
         import time
 
+        from _common import LIMIT_KEYS
+
         now = time.time()
-        await self.docket.add_many(self.docket.call(noop)(now) for _ in range(n))
+        if kind == "limited":
+            calls = (self.docket.call(limited)(now, i % LIMIT_KEYS) for i in range(n))
+        else:
+            calls = (self.docket.call(TASKS[kind])(now) for _ in range(n))
+        await self.docket.add_many(calls)  # pipelined, 1,000 per round trip
 
     async def schedule(self, due: float) -> None:
         await self.docket.add(timing, when=datetime.fromtimestamp(due, UTC))(due)

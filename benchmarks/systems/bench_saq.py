@@ -2,9 +2,12 @@
 
 Worker in-process (``Worker.start()``, what ``saq`` runs). Defaults:
 ``Worker(queue, concurrency=C)`` (its ``schedule`` timer polls the ZSET every 1 s).
-Tuned: ``timers={"schedule": 0.01}`` and ``?max_connections=1000``. ``scheduled``
-is documented as epoch seconds (an int); a float is passed so that 50 ms ahead
-means something.
+Tuned: ``?max_connections=1000`` only. The schedule timer cannot go below 1 s:
+saq passes the timer value as the ``SETEX`` lock of its schedule script, so
+``timers={"schedule": 0.01}`` fails every call ("invalid expire time") and never
+schedules anything, and the 1 s lock caps scheduling at once a second anyway.
+``scheduled`` is documented as epoch seconds (an int); a float is passed so that
+50 ms ahead means something.
 No batch enqueue API (``Queue.batch()`` only groups aborts); per-key
 ``group_key`` is Postgres-only.
 """
@@ -40,13 +43,13 @@ class SaqSystem(System):
             # plus the producer need more.
             url += "?max_connections=1000"
         self.queue = Queue.from_url(url)
-        self.timers: dict[str, Any] = {"schedule": 0.01} if profile == "tuned" else {}
+        self.timers: dict[str, Any] = {}  # the 1 s schedule timer is its minimum
         self.worker: Worker | None = None
         self.runner: asyncio.Task[None] | None = None
 
     def settings(self) -> dict[str, Any]:
         if self.profile == "tuned":
-            return {"timers": self.timers, "max_connections": 1000}
+            return {"timers": "default (schedule: 1 s, its minimum)", "max_connections": 1000}
         return {"timers": "default (schedule: 1 s)"}
 
     async def open(self) -> None:

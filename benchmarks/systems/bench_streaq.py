@@ -61,11 +61,13 @@ class StreaqSystem(System):
             raise Unsupported("no per-key concurrency limit")
         await self.tasks[kind].enqueue(t)
 
-    async def enqueue_batch(self, n: int) -> None:
+    async def enqueue_many(self, kind: str, n: int) -> None:
         import time
 
+        if kind == "limited":
+            raise Unsupported("no per-key concurrency limit")
         now = time.time()
-        await self.producer.enqueue_many([self.tasks["noop"].enqueue(now) for _ in range(n)])
+        await self.producer.enqueue_many([self.tasks[kind].enqueue(now) for _ in range(n)])
 
     async def schedule(self, due: float) -> None:
         import time
