@@ -418,6 +418,8 @@ def chart(
                     else "tab:orange"
                 )
         ax.barh(names[::-1], values[::-1], color=colors[::-1])
+        if column.startswith(("pickup", "punct")):
+            ax.set_xscale("log")  # from 0.4 ms to 500 ms
         ax.set_title(labels[column] + " (lower is better)")
         ax.tick_params(axis="y", labelsize=7)
     fig.tight_layout()
