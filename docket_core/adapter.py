@@ -80,9 +80,9 @@ class StorageAdapter(Protocol):
         whose reply was lost leaves them there; the caller skips the ones it
         knows); take over deliveries whose holder has not renewed them for
         ``redelivery_timeout`` seconds (``redelivered=True``); then hand out
-        queued messages.  When there is nothing, wait up to ``block`` seconds
-        for something to be queued or scheduled, then return what there is
-        (possibly nothing: the caller loops).
+        queued messages.  When there is nothing, wait up to ``block`` seconds,
+        and never past the soonest due time, for something to be queued or
+        scheduled, then return what there is (possibly nothing: the caller loops).
         """
 
     async def pending(self) -> int:

@@ -301,10 +301,13 @@ class MemoryStore:
     ) -> ReadResult:
         shelf = self.shelf
         deliveries = shelf.take(worker, count, now, redelivery_timeout, recover=recover)
+        next_due = shelf.next_due()
         if not deliveries and block > 0:
-            with anyio.move_on_after(block):
+            # never wait past the soonest due time
+            wait = block if next_due is None else min(block, max(next_due - now, 0.0))
+            with anyio.move_on_after(wait):
                 await shelf.changed()
-        return ReadResult(deliveries=tuple(deliveries), next_due=shelf.next_due())
+        return ReadResult(deliveries=tuple(deliveries), next_due=next_due)
 
     async def pending(self) -> int:
         shelf = self.shelf

@@ -11,7 +11,7 @@ import time
 import types
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -363,3 +363,26 @@ async def test_sigterm_drains_running_tasks(
         execution = await loaded(docket, "slow")
         assert execution.state is ExecutionState.COMPLETED
         assert await docket.workers() == []
+
+
+async def test_a_read_never_waits_past_the_soonest_due_time(docket: Docket) -> None:
+    """The worker computes how long to block before a read; when that read
+    finds a message due sooner, the adapter must wake up for it, not sit out
+    the whole block (here 5 s against a message due in 50 ms)."""
+
+    async def job() -> None:
+        pass
+
+    await docket.add(job, when=datetime.now(UTC) + timedelta(milliseconds=50))()
+    adapter = docket.adapter
+    started = time.monotonic()
+    with anyio.fail_after(10):
+        result = await adapter.read(
+            worker="reader", count=10, now=time.time(), redelivery_timeout=60.0, block=5.0
+        )
+        while not result.deliveries:
+            result = await adapter.read(
+                worker="reader", count=10, now=time.time(), redelivery_timeout=60.0, block=5.0
+            )
+    assert time.monotonic() - started < 1.0
+    assert [d.message.function for d in result.deliveries] == ["job"]

@@ -147,13 +147,16 @@ class ScriptedStore(abc.ABC):
         # only noticed on the server's clock tick (every 100 ms at the default
         # hz).  When the wait ends at a due time, block on the server only up
         # to a tick before it and wait out the rest here, so it is punctual.
+        # never wait past the soonest due time (the caller's block may have
+        # been computed before this read found a sooner one)
         due_in = math.inf if result.next_due is None else result.next_due - now
-        server_block = block if due_in > block else block - SERVER_TICK
+        wait = min(block, max(due_in, 0.0))
+        server_block = wait if due_in > block else wait - SERVER_TICK
         entries: list[Any] = []
         if server_block >= 0.001:
             entries = await self.read_blocking(worker, count, int(server_block * 1000))
         if not entries:
-            remaining = block - (time.monotonic() - started)
+            remaining = wait - (time.monotonic() - started)
             if due_in <= block and remaining > 0:
                 await anyio.sleep(remaining)
             return ReadResult(deliveries=(), next_due=result.next_due)
