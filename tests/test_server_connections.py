@@ -122,3 +122,16 @@ async def test_unknown_and_malformed_urls_are_the_callers_error() -> None:
         Docket(name="x", url="postgres://localhost/db")
     with pytest.raises(UsageError):
         Docket(name="x", url="glide://localhost:notaport/0")
+
+
+@pytest.mark.backends("memory-asyncio")
+def test_a_missing_adapter_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    # pretend redis-py is not installed: importing docket_redis then fails
+    monkeypatch.setitem(sys.modules, "docket_redis", None)
+    with pytest.raises(UsageError, match=r"pip install 'docket\[redis\]'"):
+        Docket(name="x", url="redis://localhost:6379/0")
+    monkeypatch.setitem(sys.modules, "docket_glide", None)
+    with pytest.raises(UsageError, match=r"pip install 'docket\[glide\]'"):
+        Docket(name="x", url="glide://localhost:6379/0")
