@@ -55,6 +55,7 @@ from docket_core.sansio.values import (
 )
 from docket_core.sansio.worker import WorkerConfig, WorkerMachine
 from docket_memory.shelf import Shelf
+from docket_memory.simulate import drive
 from docket_memory.store import MemoryStore
 
 T = TypeVar("T")
@@ -81,12 +82,8 @@ POLICIES = {
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Drive a coroutine that never suspends to completion."""
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-    coro.close()
-    raise AssertionError("suspended")
+    result: T = drive(coro)
+    return result
 
 
 @attrs.define

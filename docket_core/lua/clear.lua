@@ -3,13 +3,10 @@
 local now, ttl = ARGV[3], ARGV[4]
 local count = 0
 local function cancel(key)
-  local run = run_key(key)
-  unqueue(key)
-  if redis.call('EXISTS', run) == 1 then
-    redis.call('HSET', run, 'g', next_generation())
-    redis.call('HSET', run, 'state', 'cancelled', 'completed', now)
-    conclude(key, ttl)
-    publish(key, {type = 'state', state = 'cancelled', completed_at = tonumber(now)})
+  if redis.call('EXISTS', run_key(key)) == 1 then
+    cancel_key(key, now, ttl)
+  else
+    unqueue(key)  -- a message without a record
   end
   count = count + 1
 end

@@ -75,6 +75,18 @@ local function next_generation()
   return redis.call('INCR', P .. ':generation')
 end
 
+-- cancel a key that has a record: remove its message, give it a new
+-- generation (no copy in flight may start), record and publish the
+-- cancellation; returns the new generation
+local function cancel_key(key, now, ttl)
+  unqueue(key)
+  local gen = next_generation()
+  redis.call('HSET', run_key(key), 'g', gen, 'state', 'cancelled', 'completed', now)
+  conclude(key, ttl)
+  publish(key, {type = 'state', state = 'cancelled', completed_at = tonumber(now)})
+  return gen
+end
+
 -- queue the oldest live waiter of a limit; returns 1 if one woke
 local function wake(limit, now)
   local waiting = wait_key(limit)
