@@ -471,7 +471,8 @@ class ConcurrencyLimit(Dependency):
     Per argument value (``ConcurrencyLimit("customer_id", 2)``, or
     ``Annotated[int, ConcurrencyLimit(2)]`` on the parameter itself), or for
     the whole task (``ConcurrencyLimit(3)``, ``ConcurrencyLimit(max_concurrent=3)``).
-    Keys are prefixed with ``scope`` (default: the docket's name).
+    Keys are prefixed with ``scope`` (default: the docket's name): dockets
+    on one store that name the same scope share its slots and its waiters.
     """
 
     single: ClassVar[bool] = True
@@ -526,7 +527,10 @@ class ConcurrencyLimit(Dependency):
                     f"ConcurrencyLimit on {name!r} but the call has no such argument"
                 ) from None
             key = f"{prefix}:{name}:{value!r}"
-        return {"concurrency": ConcurrencyPolicy(limit_key=key, max_concurrent=self.max_concurrent)}
+        policy = ConcurrencyPolicy(
+            limit_key=key, max_concurrent=self.max_concurrent, scope=self.scope
+        )
+        return {"concurrency": policy}
 
     def __repr__(self) -> str:
         return (

@@ -136,6 +136,7 @@ class Worker:
     async def _run(self, *, until_finished: bool) -> None:
         config = WorkerConfig(
             name=self.name,
+            docket=self.docket.name,
             concurrency=self.concurrency,
             redelivery_timeout=self.redelivery_timeout.total_seconds(),
             heartbeat_interval=self.docket.heartbeat_interval.total_seconds(),

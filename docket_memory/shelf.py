@@ -3,7 +3,9 @@
 Ready messages wait in an ordered dict by delivery id; future ones in a dict
 by key with a heap of ``(when, sequence, key, generation)`` beside it (stale
 heap entries are skipped lazily); handed-out ones in ``held`` with their
-lease time.  Terminal records expire through a second heap.
+lease time.  Terminal records expire through a second heap.  Concurrency
+slots and waiters live in a ``Pool`` per scope, shared by the shelves of one
+location, so a release in one docket can wake a task of another.
 """
 
 from __future__ import annotations
@@ -46,8 +48,79 @@ class Held:
     renewed_at: float
 
 
-@attrs.define(slots=True)
+@attrs.define(slots=True, eq=False)
+class Waiter:
+    """A message parked behind a full limit, with the shelf it belongs to."""
+
+    shelf: Shelf
+    message: TaskMessage
+
+    @property
+    def key(self) -> str:
+        return self.message.key
+
+
+@attrs.define(slots=True, eq=False)
+class Pool:
+    """The slots and waiters of the limits of one scope."""
+
+    #: limit key -> holder -> when the holder last renewed its slot
+    slots: dict[str, dict[str, float]] = attrs.field(factory=dict)
+    waiters: dict[str, deque[Waiter]] = attrs.field(factory=dict)
+    #: limit key -> when a waiter of it was last woken
+    woken: dict[str, float] = attrs.field(factory=dict)
+
+    def wake(self, limit_key: str, now: float) -> int:
+        """Queue the oldest live waiter of ``limit_key``; returns how many woke."""
+        waiting = self.waiters.get(limit_key)
+        while waiting:
+            woken = waiting.popleft()
+            shelf, message = woken.shelf, woken.message
+            if shelf.parked.get(message.key) == (self, limit_key):
+                del shelf.parked[message.key]
+            record = shelf.records.get(message.key)
+            if (
+                record is None
+                or record.generation != message.generation
+                or record.state is not ExecutionState.SCHEDULED
+            ):
+                continue
+            if not waiting:
+                del self.waiters[limit_key]
+                self.woken.pop(limit_key, None)
+            else:
+                self.woken[limit_key] = now
+            shelf.requeue(message, record, now)
+            return 1
+        self.waiters.pop(limit_key, None)
+        self.woken.pop(limit_key, None)
+        return 0
+
+    def drop_stale_slots(self, now: float, stale_after: float) -> None:
+        """Free slots whose holders stopped renewing them (their worker died)
+        and queue a waiter for each.  A limit nobody holds whose last woken
+        waiter never took its slot within ``stale_after`` (it was cancelled,
+        say) wakes the next one, since no release will come for it."""
+        cutoff = now - stale_after
+        for limit_key in list(self.slots):
+            slots = self.slots[limit_key]
+            for holder, renewed in list(slots.items()):
+                if renewed <= cutoff:
+                    del slots[holder]
+                    self.wake(limit_key, now)
+            if not slots:
+                if not self.waiters.get(limit_key):
+                    del self.slots[limit_key]
+                elif self.woken.get(limit_key, -math.inf) <= cutoff:
+                    self.wake(limit_key, now)
+
+
+@attrs.define(slots=True, eq=False)
 class Shelf:
+    #: the docket's name: the scope of its limits that name none
+    name: str = ""
+    #: scope -> its pool, shared by every shelf of one location
+    pools: dict[str, Pool] = attrs.field(factory=dict)
     records: dict[str, ExecutionRecord] = attrs.field(factory=dict)
     ready: OrderedDict[str, TaskMessage] = attrs.field(factory=OrderedDict)
     #: key -> delivery id of its ready message
@@ -55,8 +128,8 @@ class Shelf:
     future: dict[str, TaskMessage] = attrs.field(factory=dict)
     due_heap: list[tuple[float, int, str, int]] = attrs.field(factory=list)
     held: dict[str, Held] = attrs.field(factory=dict)
-    slots: dict[str, dict[str, float]] = attrs.field(factory=dict)
-    waiters: dict[str, deque[TaskMessage]] = attrs.field(factory=dict)
+    #: key -> the pool and limit it waits behind
+    parked: dict[str, tuple[Pool, str]] = attrs.field(factory=dict)
     progress: dict[str, ProgressRecord] = attrs.field(factory=dict)
     expiry_heap: list[tuple[float, str, int]] = attrs.field(factory=list)
     workers: dict[str, WorkerRecord] = attrs.field(factory=dict)
@@ -64,9 +137,25 @@ class Shelf:
     subscribers: dict[str, set[MemoryObjectSendStream[dict[str, Any]]]] = attrs.field(factory=dict)
     cancel_listeners: set[MemoryObjectSendStream[tuple[str, int]]] = attrs.field(factory=set)
     waiting: list[anyio.Event] = attrs.field(factory=list)
-    #: limit key -> when a waiter of it was last woken
-    woken: dict[str, float] = attrs.field(factory=dict)
     ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
+
+    def pool(self, scope: str | None = None) -> Pool:
+        """The pool of ``scope`` (``None``: this docket's own)."""
+        name = self.name if scope is None else scope
+        pool = self.pools.get(name)
+        if pool is None:
+            pool = self.pools[name] = Pool()
+        return pool
+
+    @property
+    def slots(self) -> dict[str, dict[str, float]]:
+        """The slots of this docket's own pool."""
+        return self.pool().slots
+
+    @property
+    def waiters(self) -> dict[str, deque[Waiter]]:
+        """The waiters of this docket's own pool (of any docket sharing it)."""
+        return self.pool().waiters
 
     # -- notification ----------------------------------------------------------
 
@@ -121,7 +210,7 @@ class Shelf:
         delivery_id = self.ready_ids.pop(key, None)
         if delivery_id is not None:
             self.ready.pop(delivery_id, None)
-        if self.waiters:
+        if self.parked:
             self.unpark(key)
 
     def next_due(self) -> float | None:
@@ -169,8 +258,9 @@ class Shelf:
                     deliveries.append(
                         Delivery(delivery_id=delivery_id, message=held.message, redelivered=True)
                     )
-        if self.slots:
-            self.drop_stale_slots(now, redelivery_timeout)
+        for pool in self.pools.values():
+            if pool.slots:
+                pool.drop_stale_slots(now, redelivery_timeout)
         if self.held:
             cutoff = now - redelivery_timeout
             for delivery_id, held in self.held.items():
@@ -217,72 +307,39 @@ class Shelf:
 
     # -- concurrency limits --------------------------------------------------------
 
-    def park(self, limit_key: str, message: TaskMessage) -> None:
+    def park(self, pool: Pool, limit_key: str, message: TaskMessage) -> None:
         """Put a claimed message behind its limit until a slot frees (unless
         it was superseded meanwhile, or already waits there)."""
         record = self.records.get(message.key)
-        waiting = self.waiters.setdefault(limit_key, deque())
         if record is None or record.generation != message.generation:
-            if not waiting:
-                del self.waiters[limit_key]
             return
-        if not any(m.key == message.key for m in waiting):
-            waiting.append(message)
-            self.records[message.key] = attrs.evolve(
-                record, state=ExecutionState.SCHEDULED, worker=None, started_at=None
-            )
-            self.progress.pop(message.key, None)
-            self.publish(message.key, state_event(message.key, ExecutionState.SCHEDULED))
+        if self.parked.get(message.key) == (pool, limit_key):
+            return
+        pool.waiters.setdefault(limit_key, deque()).append(Waiter(self, message))
+        self.parked[message.key] = (pool, limit_key)
+        self.records[message.key] = attrs.evolve(
+            record, state=ExecutionState.SCHEDULED, worker=None, started_at=None
+        )
+        self.progress.pop(message.key, None)
+        self.publish(message.key, state_event(message.key, ExecutionState.SCHEDULED))
 
     def unpark(self, key: str) -> None:
-        for limit_key, waiting in list(self.waiters.items()):
-            kept = deque(m for m in waiting if m.key != key)
-            if len(kept) != len(waiting):
-                if kept:
-                    self.waiters[limit_key] = kept
-                else:
-                    del self.waiters[limit_key]
+        parked = self.parked.pop(key, None)
+        if parked is None:
+            return
+        pool, limit_key = parked
+        waiting = pool.waiters.get(limit_key)
+        if waiting is None:
+            return
+        kept = deque(w for w in waiting if w.shelf is not self or w.key != key)
+        if kept:
+            pool.waiters[limit_key] = kept
+        else:
+            del pool.waiters[limit_key]
 
-    def wake(self, limit_key: str, now: float) -> int:
-        """Queue the oldest live waiter of ``limit_key``; returns how many woke."""
-        waiting = self.waiters.get(limit_key)
-        while waiting:
-            message = waiting.popleft()
-            record = self.records.get(message.key)
-            if (
-                record is None
-                or record.generation != message.generation
-                or record.state is not ExecutionState.SCHEDULED
-            ):
-                continue
-            if not waiting:
-                del self.waiters[limit_key]
-                self.woken.pop(limit_key, None)
-            else:
-                self.woken[limit_key] = now
-            message = attrs.evolve(message, when=min(message.when, now))
-            self.enqueue(message, now)
-            self.records[message.key] = attrs.evolve(record, state=ExecutionState.QUEUED)
-            self.publish(message.key, state_event(message.key, ExecutionState.QUEUED))
-            return 1
-        self.waiters.pop(limit_key, None)
-        self.woken.pop(limit_key, None)
-        return 0
-
-    def drop_stale_slots(self, now: float, stale_after: float) -> None:
-        """Free slots whose holders stopped renewing them (their worker died)
-        and queue a waiter for each.  A limit nobody holds whose last woken
-        waiter never took its slot within ``stale_after`` (it was cancelled,
-        say) wakes the next one, since no release will come for it."""
-        cutoff = now - stale_after
-        for limit_key in list(self.slots):
-            slots = self.slots[limit_key]
-            for holder, renewed in list(slots.items()):
-                if renewed <= cutoff:
-                    del slots[holder]
-                    self.wake(limit_key, now)
-            if not slots:
-                if not self.waiters.get(limit_key):
-                    del self.slots[limit_key]
-                elif self.woken.get(limit_key, -math.inf) <= cutoff:
-                    self.wake(limit_key, now)
+    def requeue(self, message: TaskMessage, record: ExecutionRecord, now: float) -> None:
+        """Queue a woken waiter's message now."""
+        message = attrs.evolve(message, when=min(message.when, now))
+        self.enqueue(message, now)
+        self.records[message.key] = attrs.evolve(record, state=ExecutionState.QUEUED)
+        self.publish(message.key, state_event(message.key, ExecutionState.QUEUED))

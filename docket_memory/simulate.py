@@ -1,7 +1,8 @@
 """A deterministic simulator: the core and the memory store on a virtual clock.
 
 Random workloads (adds, replaces, cancels, retries, concurrency limits) run on
-several simulated workers while faults strike: worker crashes, effect batches
+several simulated workers of two dockets, which share one scoped limit and
+each have limits of their own, while faults strike: worker crashes, effect batches
 lost with their worker, deliveries handed to a worker late, clock skew between
 workers, clock jumps.  After every step the invariants are checked; at the end
 faults stop, the clock runs on until everything is quiet, and no task may be
@@ -11,7 +12,8 @@ lost.  Everything comes from one seed, so a failure replays exactly:
 
 Invariants checked:
 
-- a concurrency limit is never exceeded by tasks running on live workers;
+- a concurrency limit is never exceeded by tasks running on live workers (of
+  both dockets, for the limit they share);
 - a slot is released only by its holder (or after a takeover of a stale slot);
 - a delivery whose lease is valid is never handed to a second worker;
 - the same generation of a key never runs on two live workers at once;
@@ -59,13 +61,17 @@ from docket_core.sansio.values import (
 )
 from docket_core.sansio.worker import WorkerConfig, WorkerMachine
 
-from .shelf import Shelf
+from .shelf import Pool, Shelf
 from .store import MemoryStore
 
 REDELIVERY_TIMEOUT = 5.0
 #: long enough that no record expires during a run: a missing one is a loss
 RECORD_TTL = 1e9
 LIMITS = {f"limit-{i}": 1 + i % 3 for i in range(3)}
+#: the dockets simulated; ``SHARED_LIMIT`` is scoped by ``SCOPE``, so both share it
+DOCKETS = ("sim-a", "sim-b")
+SCOPE = "shared"
+SHARED_LIMIT = "limit-0"
 
 
 class InvariantViolated(AssertionError):
@@ -85,6 +91,7 @@ def drive(coroutine: Coroutine[Any, Any, Any]) -> Any:
 @attrs.define
 class SimWorker:
     name: str
+    docket: str
     machine: WorkerMachine
     skew: float
     #: delivery id -> (end time, outcome)
@@ -98,37 +105,50 @@ class Simulation:
     def __init__(self, seed: int, *, workers: int = 3, keys: int = 12) -> None:
         self.rng = random.Random(seed)
         self.now = 1_000_000.0
-        self.shelf = Shelf()
-        self.store = MemoryStore(name="sim", shelf=self.shelf)
+        #: one pool per scope, shared by the dockets' shelves
+        self.pools: dict[str, Pool] = {}
+        self.shelves = {name: Shelf(name=name, pools=self.pools) for name in DOCKETS}
+        self.stores = {
+            name: MemoryStore(name=name, shelf=shelf) for name, shelf in self.shelves.items()
+        }
+        self.shelf, self.store = self.shelves[DOCKETS[0]], self.stores[DOCKETS[0]]
         self.keys = [f"key-{i}" for i in range(keys)]
         self.policies: dict[str, TaskPolicy] = {}
         self.workers: list[SimWorker] = []
         self.serial = 0
         self.faults = True
-        self.accepted: list[tuple[str, int]] = []
+        #: (docket, key, generation) of every accepted add
+        self.accepted: list[tuple[str, str, int]] = []
         self.evicted: set[str] = set()
         self.steps = 0
-        for _ in range(workers):
-            self.spawn()
+        for i in range(workers):
+            self.spawn(DOCKETS[i % len(DOCKETS)])
 
     # -- helpers -------------------------------------------------------------------
 
-    def spawn(self) -> SimWorker:
+    def spawn(self, docket: str) -> SimWorker:
         self.serial += 1
         config = WorkerConfig(
             name=f"w{self.serial}",
+            docket=docket,
             concurrency=self.rng.randint(1, 4),
             redelivery_timeout=REDELIVERY_TIMEOUT,
             heartbeat_interval=2.0,
             execution_ttl=RECORD_TTL,
         )
         skew = self.rng.uniform(-0.5, 0.5)
-        worker = SimWorker(config.name, WorkerMachine(config, self.now + skew), skew)
+        worker = SimWorker(config.name, docket, WorkerMachine(config, self.now + skew), skew)
         self.workers.append(worker)
         return worker
 
     def clock(self, worker: SimWorker) -> float:
         return self.now + worker.skew
+
+    @staticmethod
+    def docket_of(key: str) -> str:
+        """Keys alternate between the dockets in pairs, so each docket has
+        keys under every limit."""
+        return DOCKETS[(int(key.split("-")[1]) // 2) % len(DOCKETS)]
 
     def policy_for(self, key: str) -> TaskPolicy:
         policy = self.policies.get(key)
@@ -137,7 +157,11 @@ class Simulation:
             limit = None
             if index % 2 == 0:
                 limit_key = f"limit-{index % len(LIMITS)}"
-                limit = ConcurrencyPolicy(limit_key=limit_key, max_concurrent=LIMITS[limit_key])
+                limit = ConcurrencyPolicy(
+                    limit_key=limit_key,
+                    max_concurrent=LIMITS[limit_key],
+                    scope=SCOPE if limit_key == SHARED_LIMIT else None,
+                )
             retry = RetryPolicy(attempts=3, delay=0.5) if index % 3 == 0 else None
             policy = self.policies[key] = TaskPolicy(retry=retry, concurrency=limit)
         return policy
@@ -158,8 +182,8 @@ class Simulation:
                 return
             for effect in store:
                 if isinstance(effect, ReleaseSlot):
-                    self.check_release(effect)
-            outcomes = drive(self.store.execute(store))
+                    self.check_release(worker, effect)
+            outcomes = drive(self.stores[worker.docket].execute(store))
             machine.store_replied(store, outcomes, self.clock(worker))
             self.check()
 
@@ -180,15 +204,17 @@ class Simulation:
         effect = plan_add(
             key=key, function="task", payload=b"", when=self.now + delay, mode=mode, now=self.now
         )
-        (outcome,) = drive(self.store.execute([effect]))
+        docket = self.docket_of(key)
+        (outcome,) = drive(self.stores[docket].execute([effect]))
         assert isinstance(outcome, Scheduled)
         if outcome.accepted:
-            self.accepted.append((key, outcome.generation))
+            self.accepted.append((docket, key, outcome.generation))
 
     def cancel(self) -> None:
         key = self.rng.choice(self.keys)
-        drive(self.store.execute([Cancel(key=key, now=self.now, ttl=RECORD_TTL)]))
-        for worker in self.live():
+        docket = self.docket_of(key)
+        drive(self.stores[docket].execute([Cancel(key=key, now=self.now, ttl=RECORD_TTL)]))
+        for worker in self.live(docket):
             worker.machine.receive(CancelRequested(key=key, now=self.clock(worker)))
             self.pump(worker)
 
@@ -197,7 +223,7 @@ class Simulation:
         if capacity <= 0:
             return
         result = drive(
-            self.store.read(
+            self.stores[worker.docket].read(
                 worker=worker.name,
                 count=capacity,
                 now=self.clock(worker),
@@ -244,37 +270,39 @@ class Simulation:
         worker.alive = False
         worker.running.clear()
         self.workers.remove(worker)
-        self.spawn()
+        self.spawn(worker.docket)
 
-    def live(self) -> list[SimWorker]:
-        return [w for w in self.workers if w.alive]
+    def live(self, docket: str | None = None) -> list[SimWorker]:
+        return [w for w in self.workers if w.alive and docket in (None, w.docket)]
 
     # -- invariants --------------------------------------------------------------------
 
-    def check_release(self, effect: ReleaseSlot) -> None:
-        slots = self.shelf.slots.get(effect.limit_key, {})
+    def check_release(self, worker: SimWorker, effect: ReleaseSlot) -> None:
+        pool = self.shelves[worker.docket].pool(effect.scope)
+        slots = pool.slots.get(effect.limit_key, {})
         if effect.holder not in slots and effect.holder not in self.evicted:
             raise InvariantViolated(
                 f"{effect.holder} released a slot of {effect.limit_key} it does not hold"
             )
 
     def check(self) -> None:
-        running_by_limit: dict[str, int] = {}
-        running_generations: set[tuple[str, int]] = set()
+        running_by_limit: dict[tuple[str, str], int] = {}
+        running_generations: set[tuple[str, str, int]] = set()
         for worker in self.live():
             for delivery_id in worker.running:
                 flight = worker.machine.in_flight.get(delivery_id)
                 if flight is None:
                     continue
                 message = flight.message
-                ident = (message.key, message.generation)
+                ident = (worker.docket, message.key, message.generation)
                 if ident in running_generations:
                     raise InvariantViolated(f"{ident} runs on two live workers at once")
                 running_generations.add(ident)
                 limit = self.policy_for(message.key).concurrency
                 if limit is not None and flight.slot is not None:
-                    count = running_by_limit.get(limit.limit_key, 0) + 1
-                    running_by_limit[limit.limit_key] = count
+                    where = (limit.scope or worker.docket, limit.limit_key)
+                    count = running_by_limit.get(where, 0) + 1
+                    running_by_limit[where] = count
                     if count > limit.max_concurrent:
                         raise InvariantViolated(
                             f"{count} tasks run under {limit.limit_key} "
@@ -284,10 +312,11 @@ class Simulation:
                     raise InvariantViolated(f"{message.key} runs without its slot")
         # remember holders whose stale slots may be taken over
         cutoff = self.now - REDELIVERY_TIMEOUT + 1.0
-        for slots in self.shelf.slots.values():
-            for holder, renewed in slots.items():
-                if renewed <= cutoff:
-                    self.evicted.add(holder)
+        for pool in self.pools.values():
+            for slots in pool.slots.values():
+                for holder, renewed in slots.items():
+                    if renewed <= cutoff:
+                        self.evicted.add(holder)
 
     # -- running ------------------------------------------------------------------------
 
@@ -330,7 +359,8 @@ class Simulation:
                 self.tick(worker)
             self.check()
             busy = any(w.machine.in_flight or w.running for w in self.live())
-            if not busy and drive(self.store.pending()) == 0:
+            pending = sum(drive(store.pending()) for store in self.stores.values())
+            if not busy and pending == 0:
                 break
             self.now += 0.25
         else:
@@ -338,24 +368,27 @@ class Simulation:
         self.check_nothing_lost()
 
     def check_nothing_lost(self) -> None:
-        shelf = self.shelf
-        if shelf.ready or shelf.future or shelf.held:
-            raise InvariantViolated("messages left in the store after settling")
-        if any(shelf.slots.values()) or any(shelf.waiters.values()):
-            raise InvariantViolated(f"slots or waiters leaked: {shelf.slots} {shelf.waiters}")
-        latest: dict[str, int] = {}
-        for key, generation in self.accepted:
-            latest[key] = max(latest.get(key, 0), generation)
-        for key in latest:
-            record = shelf.records.get(key)
+        for shelf in self.shelves.values():
+            if shelf.ready or shelf.future or shelf.held or shelf.parked:
+                raise InvariantViolated(f"messages left in {shelf.name} after settling")
+        for scope, pool in self.pools.items():
+            if any(pool.slots.values()) or any(pool.waiters.values()):
+                raise InvariantViolated(
+                    f"slots or waiters of {scope} leaked: {pool.slots} {pool.waiters}"
+                )
+        latest: dict[tuple[str, str], int] = {}
+        for docket, key, generation in self.accepted:
+            latest[docket, key] = max(latest.get((docket, key), 0), generation)
+        for docket, key in latest:
+            record = self.shelves[docket].records.get(key)
             if record is None:
-                raise InvariantViolated(f"{key} vanished")
+                raise InvariantViolated(f"{key} of {docket} vanished")
             if record.state not in (
                 ExecutionState.COMPLETED,
                 ExecutionState.FAILED,
                 ExecutionState.CANCELLED,
             ):
-                raise InvariantViolated(f"{key} ended {record.state}")
+                raise InvariantViolated(f"{key} of {docket} ended {record.state}")
 
 
 def simulate(seed: int, steps: int) -> Simulation:

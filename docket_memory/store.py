@@ -53,16 +53,19 @@ from docket_core.sansio.values import (
     WorkerRecord,
 )
 
-from .shelf import Shelf, state_event
+from .shelf import Pool, Shelf, state_event
 
 _SHELVES: dict[tuple[str, str], Shelf] = {}
+#: location -> scope -> pool: the concurrency limits the dockets of a location share
+_POOLS: dict[str, dict[str, Pool]] = {}
 
 
 def shelf_for(location: str, name: str) -> Shelf:
     """The shared state of ``memory://location`` for docket ``name``."""
     shelf = _SHELVES.get((location, name))
     if shelf is None:
-        shelf = _SHELVES[(location, name)] = Shelf()
+        pools = _POOLS.setdefault(location, {})
+        shelf = _SHELVES[(location, name)] = Shelf(name=name, pools=pools)
     return shelf
 
 
@@ -253,17 +256,18 @@ class MemoryStore:
                 lost.append(delivery_id)
             else:
                 held.renewed_at = effect.now
-        for limit_key, holder in effect.slots:
-            slots = shelf.slots.get(limit_key)
-            if slots is not None and holder in slots:
-                slots[holder] = effect.now
+        for slot in effect.slots:
+            slots = shelf.pool(slot.scope).slots.get(slot.limit_key)
+            if slots is not None and slot.holder in slots:
+                slots[slot.holder] = effect.now
             else:
-                lost_slots.append(holder)
+                lost_slots.append(slot.holder)
         return LeasesRenewed(lost=tuple(lost), lost_slots=tuple(lost_slots))
 
     def _acquire(self, effect: AcquireSlot) -> SlotDone:
         shelf = self.shelf
-        slots = shelf.slots.setdefault(effect.limit_key, {})
+        pool = shelf.pool(effect.scope)
+        slots = pool.slots.setdefault(effect.limit_key, {})
         acquired = True
         if effect.holder not in slots and len(slots) >= effect.max_concurrent:
             stale = [h for h, t in slots.items() if t <= effect.now - effect.stale_after]
@@ -275,16 +279,16 @@ class MemoryStore:
             slots[effect.holder] = effect.now
         else:
             shelf.held.pop(effect.delivery_id, None)
-            shelf.park(effect.limit_key, effect.message)
+            shelf.park(pool, effect.limit_key, effect.message)
         return SlotDone(delivery_id=effect.delivery_id, acquired=acquired)
 
     def _release(self, effect: ReleaseSlot) -> SlotReleased:
-        shelf = self.shelf
-        slots = shelf.slots.get(effect.limit_key)
+        pool = self.shelf.pool(effect.scope)
+        slots = pool.slots.get(effect.limit_key)
         held = slots is not None and slots.pop(effect.holder, None) is not None
-        if slots is not None and not slots and not shelf.waiters.get(effect.limit_key):
-            del shelf.slots[effect.limit_key]
-        woken = shelf.wake(effect.limit_key, effect.now) if held else 0
+        if slots is not None and not slots and not pool.waiters.get(effect.limit_key):
+            del pool.slots[effect.limit_key]
+        woken = pool.wake(effect.limit_key, effect.now) if held else 0
         return SlotReleased(limit_key=effect.limit_key, woken=woken)
 
     # -- reads ---------------------------------------------------------------
@@ -311,8 +315,7 @@ class MemoryStore:
 
     async def pending(self) -> int:
         shelf = self.shelf
-        parked = sum(len(w) for w in shelf.waiters.values())
-        return len(shelf.ready) + len(shelf.future) + len(shelf.held) + parked
+        return len(shelf.ready) + len(shelf.future) + len(shelf.held) + len(shelf.parked)
 
     async def get_record(self, key: str) -> ExecutionRecord | None:
         return self.shelf.records.get(key)
@@ -397,8 +400,9 @@ class MemoryStore:
         shelf = self.shelf
         future: list[TaskMessage] = list(shelf.ready.values())
         future.extend(shelf.future.values())
-        for waiting in shelf.waiters.values():
-            future.extend(waiting)
+        for pool in shelf.pools.values():
+            for waiting in pool.waiters.values():
+                future.extend(w.message for w in waiting if w.shelf is shelf)
         future.sort(key=lambda m: m.when)
         running = tuple(
             RunningRecord(message=h.message, worker=h.worker, started=h.delivered_at)
@@ -416,7 +420,7 @@ class MemoryStore:
 
     async def clear(self, now: float, ttl: float) -> int:
         shelf = self.shelf
-        keys = [m.key for m in shelf.ready.values()] + list(shelf.future)
+        keys = [m.key for m in shelf.ready.values()] + list(shelf.future) + list(shelf.parked)
         for key in keys:
             self._cancel(Cancel(key=key, now=now, ttl=ttl))
         return len(keys)

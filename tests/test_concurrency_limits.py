@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import anyio
 import pytest
 import redis
+from anyio.abc import TaskGroup
 from servers import Server
 
 from docket_core import (
@@ -29,6 +30,8 @@ from docket_core import (
     Timeout,
     Worker,
 )
+from docket_core.sansio.effects import AcquireSlot, Claim, ClaimItem
+from docket_core.sansio.inputs import ClaimDone, ClaimVerdict, SlotDone
 from docket_memory.shelf import Shelf
 from docket_memory.store import MemoryStore
 
@@ -59,9 +62,8 @@ def server_keys_left(server: Server, name: str) -> dict[str, int]:
             left[raw.decode()] = int(client.zcard(raw))
         for raw in client.scan_iter(match=prefix + "wait:*", count=1000):
             left[raw.decode()] = int(client.llen(raw))
-        waiting = int(client.scard(prefix + "waiting"))
-        if waiting:
-            left[prefix + "waiting"] = waiting
+        for name in ("waiting", "parked"):
+            left[prefix + name] = int(client.scard(prefix + name))
         return {key: n for key, n in left.items() if n}
     finally:
         client.close()
@@ -123,6 +125,14 @@ async def fresh_docket(url: str | None = None) -> AsyncIterator[Docket]:
     name = f"limits-{uuid.uuid4().hex}"
     async with Docket(name=name, url=url or f"memory://{uuid.uuid4().hex}") as docket:
         yield docket
+
+
+async def drain_together(*dockets: Docket) -> None:
+    """Run one worker on each docket, side by side, until all are finished."""
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            for docket in dockets:
+                group.start_soon(make_worker(docket).run_until_finished)
 
 
 def shelf_of(docket: Docket) -> Shelf:
@@ -234,39 +244,142 @@ async def test_the_annotated_form(docket: Docket, assert_no_slot_left: NoSlotLef
     await assert_no_slot_left(docket, "sync_account", 2, account="b")
 
 
-# Kept as it was: memory only, by its own Dockets, documenting a known gap.
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "known gap, every backend: slots and waiters live under the docket's own "
-        "namespace (the memory Shelf of one docket name; the {name} hash tag on servers), "
-        "so a ConcurrencyLimit scope shared by two dockets limits each one separately"
-    ),
-)
-async def test_a_scope_shared_by_two_dockets() -> None:
+# -- scopes shared by dockets ----------------------------------------------------------
+
+
+def assert_scope_free(server: Server | None, *dockets: Docket, scope: str) -> None:
+    """Nothing of the scope's limits, and no parked key of the dockets, is left."""
+    if server is None:
+        for docket in dockets:
+            shelf = shelf_of(docket)
+            assert not shelf.parked, f"parked keys left behind: {shelf.parked}"
+            pool = shelf.pool(scope)
+            assert not any(pool.slots.values()), f"slots left behind: {pool.slots}"
+            assert not pool.waiters, f"waiters left behind: {pool.waiters}"
+        return
+    for name in (scope, *(d.name for d in dockets)):
+        left = server_keys_left(server, name)
+        assert left == {}, f"slots or waiters left behind: {left}"
+
+
+async def test_a_scope_shared_by_two_dockets(
+    make_docket: MakeDocket, server_for: Callable[[], Server | None]
+) -> None:
+    """Dockets naming one scope share its slots: a release in one docket wakes
+    the waiters of the other, first in, first out."""
     tracker = Tracker()
+    scope = f"billing-{uuid.uuid4().hex[:8]}"
 
     async def shared(
         customer: int,
-        limit: ConcurrencyLimit = ConcurrencyLimit("customer", 1, scope="billing"),
+        key: str = TaskKey(),
+        limit: ConcurrencyLimit = ConcurrencyLimit("customer", 1, scope=scope),
     ) -> None:
-        async with tracker.run(customer):
+        async with tracker.run(customer, key):
             await anyio.sleep(0.03)
 
-    url = f"memory://{uuid.uuid4().hex}"
-    async with fresh_docket(url) as first, fresh_docket(url) as second:
-        for docket in (first, second):
-            docket.register(shared)
-            for _ in range(3):
-                await docket.add(shared)(customer=7)
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as group:
-                group.start_soon(make_worker(first).run_until_finished)
-                group.start_soon(make_worker(second).run_until_finished)
-        assert len(tracker.started) == 6
-        assert tracker.peak[7] == 1
-        assert_no_slots(first)
-        assert_no_slots(second)
+    first, second = await make_docket(), await make_docket()
+    for docket in (first, second):
+        docket.register(shared)
+        for i in range(3):
+            await docket.add(shared, key=f"{docket.name}-{i}")(customer=7)
+    await first.add(shared, key="other-customer")(customer=8)
+    await drain_together(first, second)
+    assert len(tracker.started) == 7
+    assert tracker.peak[7] == 1  # one at a time across both dockets
+    for docket in (first, second):
+        for i in range(3):
+            assert await state_of(docket, f"{docket.name}-{i}") is ExecutionState.COMPLETED
+    assert_scope_free(server_for(), first, second, scope=scope)
+
+
+async def test_a_scope_is_shared_with_the_docket_of_that_name(
+    make_docket: MakeDocket, server_for: Callable[[], Server | None]
+) -> None:
+    """A limit without a scope is scoped by its docket's name, so a limit of
+    another docket naming that docket as its scope shares its slots."""
+    tracker = Tracker()
+    home = await make_docket()
+
+    async def local(limit: ConcurrencyLimit = ConcurrencyLimit(1)) -> None:
+        async with tracker.run("all"):
+            await anyio.sleep(0.03)
+
+    async def guest(limit: ConcurrencyLimit = ConcurrencyLimit(1, scope=home.name)) -> None:
+        async with tracker.run("all"):
+            await anyio.sleep(0.03)
+
+    visitor = await make_docket()
+    home.register(local, names=["job"])
+    visitor.register(guest, names=["job"])
+    for _ in range(3):
+        await home.add("job")()
+        await visitor.add("job")()
+    await drain_together(home, visitor)
+    assert len(tracker.started) == 6
+    assert tracker.peak["all"] == 1
+    assert_scope_free(server_for(), home, visitor, scope=home.name)
+
+
+async def test_a_stale_slot_of_a_scope_is_taken_over_from_another_docket(
+    make_docket: MakeDocket, server_for: Callable[[], Server | None]
+) -> None:
+    """A worker of one docket died holding a slot of a shared scope: a waiter of
+    another docket is woken once the slot has been stale for the timeout, with
+    no worker of the dead worker's docket running."""
+    scope = f"exports-{uuid.uuid4().hex[:8]}"
+    ran: list[tuple[str, float]] = []
+
+    async def export(limit: ConcurrencyLimit = ConcurrencyLimit(1, scope=scope)) -> None:
+        ran.append((docket_name, time.monotonic()))
+
+    docket_name = ""
+    crashed, survivor = await make_docket(), await make_docket()
+    for docket in (crashed, survivor):
+        docket.register(export)
+    # a ghost worker of `crashed` claims its task, takes the slot, and dies
+    execution = await crashed.add(export, key="ghost-held")()
+    taken = await crashed.adapter.read(
+        worker="ghost", count=1, now=time.time(), redelivery_timeout=0.3, block=0
+    )
+    (delivery,) = taken.deliveries
+    now = time.time()
+    item = ClaimItem(
+        delivery_id=delivery.delivery_id, key=execution.key, generation=delivery.message.generation
+    )
+    (claimed,) = await crashed.adapter.execute([Claim(worker="ghost", items=(item,), now=now)])
+    assert isinstance(claimed, ClaimDone)
+    assert claimed.verdicts == ((delivery.delivery_id, ClaimVerdict.CLAIMED),)
+    acquire = AcquireSlot(
+        limit_key=f"{scope}:concurrency:export",
+        holder=f"{crashed.name}/ghost/{delivery.delivery_id}",
+        max_concurrent=1,
+        now=now,
+        stale_after=0.3,
+        delivery_id=delivery.delivery_id,
+        message=delivery.message,
+        scope=scope,
+    )
+    (acquired,) = await crashed.adapter.execute([acquire])
+    assert isinstance(acquired, SlotDone) and acquired.acquired
+    died_at = time.monotonic()
+
+    docket_name = survivor.name
+    await survivor.add(export, key="waits")()
+    options: dict[str, Any] = {"redelivery_timeout": timedelta(milliseconds=300)}
+    with anyio.fail_after(10):
+        await make_worker(survivor, **options).run_until_finished()
+    assert [name for name, _ in ran] == [survivor.name]
+    assert ran[0][1] - died_at >= 0.29  # only once the ghost's slot went stale
+    assert await state_of(survivor, "waits") is ExecutionState.COMPLETED
+
+    # the crashed docket's own message is redelivered and runs too
+    docket_name = crashed.name
+    with anyio.fail_after(10):
+        await make_worker(crashed, **options).run_until_finished()
+    assert [name for name, _ in ran] == [survivor.name, crashed.name]
+    assert await state_of(crashed, "ghost-held") is ExecutionState.COMPLETED
+    assert_scope_free(server_for(), crashed, survivor, scope=scope)
 
 
 async def test_a_limit_holds_across_two_workers(
@@ -312,10 +425,7 @@ async def test_a_limit_holds_across_two_dockets_of_one_name(
         side.register(twin)
         for i in range(3):
             await side.add(twin)(i)
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as group:
-            group.start_soon(make_worker(docket).run_until_finished)
-            group.start_soon(make_worker(other).run_until_finished)
+    await drain_together(docket, other)
     assert len(tracker.started) == 6
     assert tracker.peak["all"] == 1
     await assert_no_slot_left(docket, "twin", 1)
@@ -372,36 +482,57 @@ async def test_waiting_tasks_start_first_in_first_out(
     await assert_no_slot_left(docket, "serial", 1)
 
 
-async def cancel_a_parked_waiter(docket: Docket) -> list[str]:
-    """A holder runs; "waiter" and "after" park behind it; "waiter" is cancelled
-    while parked, then the holder ends.  Returns what ran."""
-    ran: list[str] = []
-    holding = anyio.Event()
-    release = anyio.Event()
+class Exclusive:
+    """A task of a one-slot limit (``scope``, if given): its run keyed
+    "holder" keeps the slot until ``release`` is set."""
 
-    async def exclusive(
-        key: str = TaskKey(), limit: ConcurrencyLimit = ConcurrencyLimit(1)
-    ) -> None:
-        ran.append(key)
-        if key == "holder":
-            holding.set()
-            await release.wait()
+    def __init__(self, scope: str | None = None) -> None:
+        self.ran: list[str] = []
+        self.holding = anyio.Event()
+        self.release = anyio.Event()
+        limit = ConcurrencyLimit(1, scope=scope)
 
-    docket.register(exclusive)
-    await docket.add(exclusive, key="holder")()
+        async def exclusive(key: str = TaskKey(), limit: ConcurrencyLimit = limit) -> None:
+            self.ran.append(key)
+            if key == "holder":
+                self.holding.set()
+                await self.release.wait()
+
+        self.task = exclusive
+
+    async def hold(self, docket: Docket, group: TaskGroup) -> None:
+        """Add the "holder" run and start a worker; return once it holds the slot."""
+        await docket.add(self.task, key="holder")()
+        group.start_soon(make_worker(docket, concurrency=4).run_until_finished)
+        await self.holding.wait()
+
+
+async def cancel_a_parked_waiter(
+    docket: Docket, waiters: Docket | None = None, scope: str | None = None
+) -> list[str]:
+    """A holder runs on ``docket``; "waiter" and "after" park behind it (added
+    to ``waiters``, sharing ``scope``, if given); "waiter" is cancelled while
+    parked, then the holder ends.  Returns what ran."""
+    exclusive = Exclusive(scope)
+    waiters = waiters or docket
+    for each in (docket,) if waiters is docket else (docket, waiters):
+        each.register(exclusive.task)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as group:
-            group.start_soon(make_worker(docket, concurrency=4).run_until_finished)
-            await holding.wait()
-            await docket.add(exclusive, key="waiter")()
-            await docket.add(exclusive, key="after")()
+            await exclusive.hold(docket, group)
+            await waiters.add(exclusive.task, key="waiter")()
+            await waiters.add(exclusive.task, key="after")()
+            if waiters is not docket:
+                group.start_soon(make_worker(waiters).run_until_finished)
             # added due now they are QUEUED; back to SCHEDULED means parked
-            await wait_until_state(docket, "waiter", ExecutionState.SCHEDULED)
-            await wait_until_state(docket, "after", ExecutionState.SCHEDULED)
-            assert ran == ["holder"]
-            await docket.cancel("waiter")
-            release.set()
-    return ran
+            await wait_until_state(waiters, "waiter", ExecutionState.SCHEDULED)
+            await wait_until_state(waiters, "after", ExecutionState.SCHEDULED)
+            snapshot = await waiters.snapshot()
+            assert sorted(e.key for e in snapshot.future) == ["after", "waiter"]
+            assert exclusive.ran == ["holder"]
+            await waiters.cancel("waiter")
+            exclusive.release.set()
+    return exclusive.ran
 
 
 async def test_a_cancelled_waiting_task_never_runs(
@@ -421,6 +552,38 @@ async def test_a_cancelled_waiting_task_never_runs(
 async def test_a_cancelled_waiter_leaves_nothing_on_the_memory_shelf(docket: Docket) -> None:
     assert await cancel_a_parked_waiter(docket) == ["holder", "after"]
     assert_no_slots(docket)
+
+
+async def test_a_cancelled_waiter_of_another_docket_never_runs(
+    make_docket: MakeDocket, server_for: Callable[[], Server | None]
+) -> None:
+    """A task of one docket holds the scope's slot; two of another docket park
+    behind it, one of them is cancelled: it never runs, and nothing is left."""
+    scope = f"reports-{uuid.uuid4().hex[:8]}"
+    owner, other = await make_docket(), await make_docket()
+    assert await cancel_a_parked_waiter(owner, other, scope) == ["holder", "after"]
+    assert await state_of(other, "waiter") is ExecutionState.CANCELLED
+    assert await state_of(other, "after") is ExecutionState.COMPLETED
+    assert_scope_free(server_for(), owner, other, scope=scope)
+
+
+async def test_clear_cancels_parked_tasks(
+    docket: Docket, server_for: Callable[[], Server | None]
+) -> None:
+    exclusive = Exclusive()
+    docket.register(exclusive.task)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            await exclusive.hold(docket, group)
+            for key in ("parked-1", "parked-2"):
+                await docket.add(exclusive.task, key=key)()
+                await wait_until_state(docket, key, ExecutionState.SCHEDULED)
+            assert await docket.clear() == 2
+            exclusive.release.set()
+    assert exclusive.ran == ["holder"]
+    for key in ("parked-1", "parked-2"):
+        assert await state_of(docket, key) is ExecutionState.CANCELLED
+    assert_scope_free(server_for(), docket, scope=docket.name)
 
 
 # -- slots are released whatever happens -----------------------------------------------

@@ -67,6 +67,7 @@ from docket_core.sansio.values import (
     ConcurrencyPolicy,
     Delivery,
     ExecutionState,
+    HeldSlot,
     ScheduleMode,
     TaskPolicy,
 )
@@ -673,7 +674,14 @@ class Rig:
     def renew_slot_only(self, name: str, holder: str) -> None:
         (outcome,) = drive(
             self.store.execute(
-                [RenewLeases(worker=name, delivery_ids=(), slots=((L, holder),), now=self.now)]
+                [
+                    RenewLeases(
+                        worker=name,
+                        delivery_ids=(),
+                        slots=(HeldSlot(limit_key=L, holder=holder),),
+                        now=self.now,
+                    )
+                ]
             )
         )
         assert outcome is not None

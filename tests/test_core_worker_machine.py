@@ -49,6 +49,7 @@ from docket_core.sansio.values import (
     ConcurrencyPolicy,
     Delivery,
     ExecutionState,
+    HeldSlot,
     PerpetualPolicy,
     RetryPolicy,
     ScheduleMode,
@@ -811,7 +812,7 @@ def test_an_acquired_slot_starts_the_task_and_is_released_after_the_finish() -> 
     machine.receive(Tick(now=10.0))
     (renew,) = machine.effects()
     assert isinstance(renew, RenewLeases)
-    assert renew.slots == ((LIMIT.limit_key, acquire.holder),)
+    assert renew.slots == (HeldSlot(limit_key=LIMIT.limit_key, holder=acquire.holder),)
     effects = end(machine, "d1", TaskOutcome.SUCCEEDED, 12.0)
     assert [type(e) for e in effects] == [Finish, ReleaseSlot]
     assert effects[1] == ReleaseSlot(limit_key=LIMIT.limit_key, holder=acquire.holder, now=12.0)

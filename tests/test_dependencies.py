@@ -507,7 +507,7 @@ def test_concurrency_limit_forms() -> None:
         limit_key="dk:concurrency:tw", max_concurrent=4
     )
     assert task_policy(positional_max, "pm", "dk", {}).concurrency == ConcurrencyPolicy(
-        limit_key="s:concurrency:pm", max_concurrent=5
+        limit_key="s:concurrency:pm", max_concurrent=5, scope="s"
     )
     with pytest.raises(UsageError, match="ConcurrencyLimit on 'customer_id'"):
         task_policy(per_argument, "pa", "dk", {})

@@ -9,6 +9,7 @@ from docket_core.sansio.effects import AcquireSlot, ReleaseSlot
 from docket_core.sansio.inputs import SlotDone
 from docket_core.sansio.worker import InFlight, WorkerMachine
 from docket_memory import simulate
+from docket_memory.shelf import Pool, Shelf
 from docket_memory.simulate import InvariantViolated, Simulation
 from docket_memory.store import MemoryStore
 
@@ -42,7 +43,9 @@ def _run_until_violation(seeds: range, steps: int) -> str:
 
 def test_a_store_that_ignores_limits_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     def always_acquire(self: MemoryStore, effect: AcquireSlot) -> SlotDone:
-        self.shelf.slots.setdefault(effect.limit_key, {})[effect.holder] = effect.now
+        self.shelf.pool(effect.scope).slots.setdefault(effect.limit_key, {})[effect.holder] = (
+            effect.now
+        )
         return SlotDone(delivery_id=effect.delivery_id, acquired=True)
 
     monkeypatch.setattr(MemoryStore, "_acquire", always_acquire)
@@ -95,3 +98,16 @@ def test_a_store_that_drops_messages_is_caught(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(simulate.Simulation, "add", add_then_lose)
     assert "vanished" in _run_until_violation(range(5), 3000)
+
+
+def test_a_store_that_keeps_a_shared_scope_per_docket_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gap a scope closes: each docket limiting only its own tasks."""
+    original = Shelf.pool
+
+    def own_pool_only(self: Shelf, scope: str | None = None) -> Pool:
+        return original(self, None)
+
+    monkeypatch.setattr(Shelf, "pool", own_pool_only)
+    assert "tasks run under" in _run_until_violation(range(5), 3000)

@@ -15,10 +15,8 @@ sub-namespaces, so no task key can collide with an internal key):
 ``P:msg:<key>``         hash    the scheduled message of a task key
 ``P:run:<key>``         hash    the task key's record (state, generation, result...)
 ``P:prog:<key>``        hash    progress of a running task
-``P:slots:<limit>``     zset    concurrency slot holder -> last renewal
-``P:wait:<limit>``      list    task keys parked behind a full limit, oldest first
-``P:waiting``           set     limits that have parked task keys
-``P:woken``             hash    limit -> when its last waiter was woken
+``P:parked``            set     task keys parked behind a full limit
+``P:pools``             set     shared namespaces this docket has parked keys in
 ``P:generation``        string  the docket's generation counter
 ``P:workers``           zset    worker -> last heartbeat
 ``P:worker-tasks:<w>``  string  JSON list of a worker's task names (expires)
@@ -27,10 +25,25 @@ sub-namespaces, so no task key can collide with an internal key):
 ``P:cancel``            pubsub  keys being cancelled, for workers
 ======================  ======  ===================================================
 
+Concurrency limits live in a namespace ``S``: ``P`` for a limit without a
+scope, ``{scope}`` for one with a scope, so every docket naming the scope (and
+the docket whose name it is) shares its slots and waiters.  A release in one
+docket can so wake a task of another: the scripts then touch keys of two hash
+tags, which a standalone server allows and a cluster does not.
+
+======================  ======  ===================================================
+``S:slots:<limit>``     zset    concurrency slot holder -> last renewal
+``S:wait:<limit>``      list    parked tasks, oldest first, as ``<#P>:<P><key>``
+``S:waiting``           set     limits that have parked tasks
+``S:woken``             hash    limit -> when its last waiter was woken
+======================  ======  ===================================================
+
+A parked record carries ``parked`` (the limit) and ``pin`` (its ``S``).
 Permanent keys (no TTL while the docket is in use): ``P:q``, ``P:due``,
-``P:waiting``, ``P:workers``, ``P:strikes``, ``P:generation``.  A record (``P:run:<key>``) has no
-TTL while its key is live and ``execution_ttl`` once it ended; every other key
-is deleted when emptied or carries a TTL.
+``P:parked``, ``P:pools``, ``S:waiting``, ``P:workers``, ``P:strikes``,
+``P:generation``.  A record (``P:run:<key>``) has no TTL while its key is live
+and ``execution_ttl`` once it ended; every other key is deleted when emptied or
+carries a TTL.
 """
 
 from __future__ import annotations

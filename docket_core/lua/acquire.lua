@@ -1,8 +1,10 @@
 -- AcquireSlot: ARGV = prefix, group, limit, holder, max, now, stale_after,
--- slot_ttl_ms, id, key, generation.  Returns 1 if acquired, 0 if parked.
+-- slot_ttl_ms, id, key, generation, namespace (where the limit's slots live).
+-- Returns 1 if acquired, 0 if parked.
 local limit, holder, max, now = ARGV[3], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local stale_after, slot_ttl, id, key, gen = tonumber(ARGV[7]), ARGV[8], ARGV[9], ARGV[10], ARGV[11]
-local slots = P .. ':slots:' .. limit
+local S = ARGV[12]
+local slots = S .. ':slots:' .. limit
 local function take()
   redis.call('ZADD', slots, now, holder)
   redis.call('PEXPIRE', slots, slot_ttl)
@@ -18,11 +20,14 @@ end
 -- park: the delivery is acknowledged and the key waits at the tail
 acknowledge(id)
 local run = run_key(key)
-local r = redis.call('HMGET', run, 'g', 'parked')
-if tonumber(r[1] or '-1') == tonumber(gen) and r[2] ~= limit then
-  redis.call('RPUSH', wait_key(limit), key)
-  redis.call('SADD', P .. ':waiting', limit)
-  redis.call('HSET', run, 'state', 'scheduled', 'parked', limit)
+local r = redis.call('HMGET', run, 'g', 'parked', 'pin')
+if tonumber(r[1] or '-1') == tonumber(gen) and not (r[2] == limit and r[3] == S) then
+  redis.call('RPUSH', wait_key(S, limit), waiter(P, key))
+  redis.call('SADD', S .. ':waiting', limit)
+  redis.call('SADD', P .. ':parked', key)
+  -- this docket's reads watch the shared namespace for stale slots
+  if S ~= P then redis.call('SADD', P .. ':pools', S) end
+  redis.call('HSET', run, 'state', 'scheduled', 'parked', limit, 'pin', S)
   redis.call('HDEL', run, 'worker', 'started')
   redis.call('DEL', prog_key(key))
   publish(key, {type = 'state', state = 'scheduled'})

@@ -1,5 +1,5 @@
--- Clear: ARGV = prefix, group, now, ttl.  Cancels every scheduled and queued
--- (undelivered) message; returns how many.
+-- Clear: ARGV = prefix, group, now, ttl.  Cancels every scheduled, parked and
+-- queued (undelivered) message; returns how many.
 local now, ttl = ARGV[3], ARGV[4]
 local count = 0
 local function cancel(key)
@@ -11,6 +11,7 @@ local function cancel(key)
   count = count + 1
 end
 for _, key in ipairs(redis.call('ZRANGE', DUE, 0, -1)) do cancel(key) end
+for _, key in ipairs(redis.call('SMEMBERS', P .. ':parked')) do cancel(key) end
 local ok, pending = pcall(redis.call, 'XPENDING', Q, GROUP, '-', '+', 100000)
 local held = {}
 if ok then for _, p in ipairs(pending) do held[p[1]] = true end end

@@ -4,16 +4,10 @@
 --                  messages, parked records, workers with scores}
 local what, limit = ARGV[3], tonumber(ARGV[4])
 local function parked_keys()
-  local keys = {}
-  for _, l in ipairs(redis.call('SMEMBERS', P .. ':waiting')) do
-    for _, key in ipairs(redis.call('LRANGE', wait_key(l), 0, -1)) do
-      keys[#keys + 1] = key
-    end
-  end
-  return keys
+  return redis.call('SMEMBERS', P .. ':parked')
 end
 if what == 'pending' then
-  return redis.call('XLEN', Q) + redis.call('ZCARD', DUE) + #parked_keys()
+  return redis.call('XLEN', Q) + redis.call('ZCARD', DUE) + redis.call('SCARD', P .. ':parked')
 end
 local entries = redis.call('XRANGE', Q, '-', '+', 'COUNT', limit)
 local ok, pending = pcall(redis.call, 'XPENDING', Q, GROUP, '-', '+', limit)

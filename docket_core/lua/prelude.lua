@@ -10,19 +10,32 @@ local DUE = P .. ':due'
 local function run_key(key) return P .. ':run:' .. key end
 local function msg_key(key) return P .. ':msg:' .. key end
 local function prog_key(key) return P .. ':prog:' .. key end
-local function wait_key(limit) return P .. ':wait:' .. limit end
 
-local function publish(key, event)
+-- Concurrency slots and waiters live in a namespace S: the docket's own
+-- prefix, or "{scope}" for a limit whose scope dockets share.  A waiter entry
+-- names its docket's prefix too, since a release in one docket may wake a
+-- task of another: "<#prefix>:<prefix><key>".
+local function wait_key(S, limit) return S .. ':wait:' .. limit end
+local function waiter(prefix, key) return #prefix .. ':' .. prefix .. key end
+local function waiter_of(entry)
+  local n, rest = string.match(entry, '^(%d+):(.*)$')
+  n = tonumber(n)
+  return string.sub(rest, 1, n), string.sub(rest, n + 1)
+end
+
+-- p: the prefix of the docket the key belongs to (P unless given)
+local function publish(key, event, p)
   event['key'] = key
-  redis.call('PUBLISH', P .. ':events:' .. key, cjson.encode(event))
+  redis.call('PUBLISH', (p or P) .. ':events:' .. key, cjson.encode(event))
 end
 
 -- queue a message now: XADD it and remember its entry id on the record
-local function enqueue(key, fn, payload, when, attempt, gen)
-  local sid = redis.call('XADD', Q, '*', 'k', key, 'f', fn, 'p', payload,
+local function enqueue(key, fn, payload, when, attempt, gen, p)
+  p = p or P
+  local sid = redis.call('XADD', p .. ':q', '*', 'k', key, 'f', fn, 'p', payload,
                          'w', when, 'a', attempt, 'g', gen)
-  redis.call('HSET', run_key(key), 'state', 'queued', 'sid', sid)
-  publish(key, {type = 'state', state = 'queued', when = tonumber(when)})
+  redis.call('HSET', p .. ':run:' .. key, 'state', 'queued', 'sid', sid)
+  publish(key, {type = 'state', state = 'queued', when = tonumber(when)}, p)
   return sid
 end
 
@@ -36,10 +49,11 @@ local function unqueue(key)
   end
   redis.call('ZREM', DUE, key)
   redis.call('DEL', msg_key(key))
-  local parked = redis.call('HGET', run, 'parked')
-  if parked then
-    redis.call('LREM', wait_key(parked), 0, key)
-    redis.call('HDEL', run, 'parked')
+  local parked = redis.call('HMGET', run, 'parked', 'pin')
+  if parked[1] then
+    redis.call('LREM', wait_key(parked[2] or P, parked[1]), 0, waiter(P, key))
+    redis.call('HDEL', run, 'parked', 'pin')
+    redis.call('SREM', P .. ':parked', key)
   end
 end
 
@@ -87,28 +101,30 @@ local function cancel_key(key, now, ttl)
   return gen
 end
 
--- queue the oldest live waiter of a limit; returns 1 if one woke
-local function wake(limit, now)
-  local waiting = wait_key(limit)
+-- queue the oldest live waiter of limit in namespace S; returns 1 if one woke
+local function wake(S, limit, now)
+  local waiting = wait_key(S, limit)
   while true do
-    local key = redis.call('LPOP', waiting)
-    if not key then
-      redis.call('SREM', P .. ':waiting', limit)
-      redis.call('HDEL', P .. ':woken', limit)
+    local entry = redis.call('LPOP', waiting)
+    if not entry then
+      redis.call('SREM', S .. ':waiting', limit)
+      redis.call('HDEL', S .. ':woken', limit)
       return 0
     end
-    local run = run_key(key)
-    local r = redis.call('HMGET', run, 'state', 'parked', 'f', 'p', 'w', 'a', 'g')
-    if r[1] == 'scheduled' and r[2] == limit then
-      redis.call('HDEL', run, 'parked')
-      local when = r[5]
+    local p, key = waiter_of(entry)
+    local run = p .. ':run:' .. key
+    local r = redis.call('HMGET', run, 'state', 'parked', 'pin', 'f', 'p', 'w', 'a', 'g')
+    if r[1] == 'scheduled' and r[2] == limit and r[3] == S then
+      redis.call('HDEL', run, 'parked', 'pin')
+      redis.call('SREM', p .. ':parked', key)
+      local when = r[6]
       if tonumber(when) > tonumber(now) then when = now end
-      enqueue(key, r[3], r[4], when, r[6], r[7])
+      enqueue(key, r[4], r[5], when, r[7], r[8], p)
       if redis.call('LLEN', waiting) == 0 then
-        redis.call('SREM', P .. ':waiting', limit)
-        redis.call('HDEL', P .. ':woken', limit)
+        redis.call('SREM', S .. ':waiting', limit)
+        redis.call('HDEL', S .. ':woken', limit)
       else
-        redis.call('HSET', P .. ':woken', limit, now)
+        redis.call('HSET', S .. ':woken', limit, now)
       end
       return 1
     end

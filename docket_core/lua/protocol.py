@@ -113,6 +113,11 @@ class Layout:
     def progress_key(self, key: str) -> str:
         return f"{self.prefix}:prog:{key}"
 
+    def namespace(self, scope: str | None) -> str:
+        """Where the slots and waiters of a limit with ``scope`` live: this
+        docket's prefix, or the one every docket naming ``scope`` shares."""
+        return self.prefix if scope is None else "{" + scope + "}"
+
     def call(self, name: str, *args: str | bytes) -> ScriptCall:
         return ScriptCall(name=name, keys=(self.stream, self.due), args=(self.prefix, GROUP, *args))
 
@@ -161,8 +166,8 @@ def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
     if kind is RenewLeases:
         assert isinstance(effect, RenewLeases)
         slots: list[str] = []
-        for limit_key, holder in effect.slots:
-            slots += [limit_key, holder]
+        for slot in effect.slots:
+            slots += [layout.namespace(slot.scope), slot.limit_key, slot.holder]
         return layout.call(
             "renew",
             effect.worker,
@@ -185,10 +190,17 @@ def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
             effect.delivery_id,
             effect.message.key,
             str(effect.message.generation),
+            layout.namespace(effect.scope),
         )
     if kind is ReleaseSlot:
         assert isinstance(effect, ReleaseSlot)
-        return layout.call("release", effect.limit_key, effect.holder, number(effect.now))
+        return layout.call(
+            "release",
+            effect.limit_key,
+            effect.holder,
+            number(effect.now),
+            layout.namespace(effect.scope),
+        )
     if kind is Cancel:
         assert isinstance(effect, Cancel)
         return layout.call("cancel", effect.key, number(effect.now), number(effect.ttl))

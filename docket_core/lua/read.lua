@@ -19,13 +19,21 @@ end
 -- free the slots of holders that stopped renewing (their worker died) and
 -- wake a waiter for each; a limit nobody holds whose last woken waiter never
 -- took its slot within the timeout (cancelled, say) wakes the next one
+-- (in this docket's namespace, and in the shared ones it has parked in)
 local stale_before = tonumber(now) - tonumber(idle) / 1000
-for _, limit in ipairs(redis.call('SMEMBERS', P .. ':waiting')) do
-  local slots = P .. ':slots:' .. limit
-  local freed = redis.call('ZREMRANGEBYSCORE', slots, '-inf', stale_before)
-  for _ = 1, freed do wake(limit, now) end
-  local woken = tonumber(redis.call('HGET', P .. ':woken', limit) or '0')
-  if redis.call('ZCARD', slots) == 0 and woken <= stale_before then wake(limit, now) end
+local function free_stale(S)
+  for _, limit in ipairs(redis.call('SMEMBERS', S .. ':waiting')) do
+    local slots = S .. ':slots:' .. limit
+    local freed = redis.call('ZREMRANGEBYSCORE', slots, '-inf', stale_before)
+    for _ = 1, freed do wake(S, limit, now) end
+    local woken = tonumber(redis.call('HGET', S .. ':woken', limit) or '0')
+    if redis.call('ZCARD', slots) == 0 and woken <= stale_before then wake(S, limit, now) end
+  end
+end
+free_stale(P)
+for _, S in ipairs(redis.call('SMEMBERS', P .. ':pools')) do
+  free_stale(S)
+  if redis.call('EXISTS', S .. ':waiting') == 0 then redis.call('SREM', P .. ':pools', S) end
 end
 local out = {}
 local function take(entries, redelivered)

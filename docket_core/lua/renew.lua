@@ -1,5 +1,5 @@
 -- RenewLeases: ARGV = prefix, group, worker, now, slot_ttl_ms, n, n delivery ids,
--- then (limit, holder) pairs.  Returns {ids this worker no longer holds,
+-- then (namespace, limit, holder) triples.  Returns {ids this worker no longer holds,
 -- holders whose slots are gone (taken over as stale)}.
 local worker, now, slot_ttl, n = ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[6])
 local lost = {}
@@ -12,13 +12,14 @@ for i = 7, 6 + n do
   end
 end
 local lost_slots = {}
-for i = 7 + n, #ARGV, 2 do
-  local slots = P .. ':slots:' .. ARGV[i]
-  if redis.call('ZSCORE', slots, ARGV[i + 1]) then
-    redis.call('ZADD', slots, now, ARGV[i + 1])
+for i = 7 + n, #ARGV, 3 do
+  local slots = ARGV[i] .. ':slots:' .. ARGV[i + 1]
+  local holder = ARGV[i + 2]
+  if redis.call('ZSCORE', slots, holder) then
+    redis.call('ZADD', slots, now, holder)
     redis.call('PEXPIRE', slots, slot_ttl)
   else
-    lost_slots[#lost_slots + 1] = ARGV[i + 1]
+    lost_slots[#lost_slots + 1] = holder
   end
 end
 return {lost, lost_slots}

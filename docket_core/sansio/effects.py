@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import attrs
 
-from .values import ExecutionState, ScheduleMode, TaskMessage
+from .values import ExecutionState, HeldSlot, ScheduleMode, TaskMessage
 
 
 class Effect:
@@ -125,7 +125,7 @@ class RenewLeases(StoreEffect):
 
     worker: str
     delivery_ids: tuple[str, ...]
-    slots: tuple[tuple[str, str], ...]
+    slots: tuple[HeldSlot, ...]
     now: float
 
 
@@ -145,6 +145,8 @@ class AcquireSlot(StoreEffect):
     stale_after: float
     delivery_id: str
     message: TaskMessage
+    #: where the limit's slots live (``ConcurrencyPolicy.scope``)
+    scope: str | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -155,6 +157,7 @@ class ReleaseSlot(StoreEffect):
     limit_key: str
     holder: str
     now: float
+    scope: str | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -112,10 +112,24 @@ class PerpetualPolicy:
 
 @attrs.frozen(slots=True, kw_only=True)
 class ConcurrencyPolicy:
-    """A resolved ``ConcurrencyLimit``: the store key of the limit and its size."""
+    """A resolved ``ConcurrencyLimit``: the store key of the limit and its size.
+
+    ``scope`` names where the limit's slots and waiters live: ``None`` for the
+    task's own docket, else the scope every docket naming it shares (a docket
+    whose name is the scope shares it too)."""
 
     limit_key: str
     max_concurrent: int
+    scope: str | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class HeldSlot:
+    """A concurrency slot a delivery holds: its limit, its scope, its holder."""
+
+    limit_key: str
+    holder: str
+    scope: str | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -52,7 +52,7 @@ from .inputs import (
     Tick,
 )
 from .lifecycle import Phase, Step
-from .values import TaskMessage, TaskPolicy
+from .values import HeldSlot, TaskMessage, TaskPolicy
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -60,6 +60,8 @@ class WorkerConfig:
     """A worker's settings, in seconds."""
 
     name: str
+    #: the docket's name: slot holders of dockets sharing a scope stay distinct
+    docket: str = ""
     concurrency: int = 10
     redelivery_timeout: float = 300.0
     heartbeat_interval: float = 2.0
@@ -113,6 +115,8 @@ class WorkerMachine:
         self._timeouts = 0
         self.accepting = True
         self.said_goodbye = False
+        docket = f"{config.docket}/" if config.docket else ""
+        self._holder_prefix = f"{docket}{config.name}/"
 
     # -- queries -------------------------------------------------------------
 
@@ -128,9 +132,9 @@ class WorkerMachine:
         return not self.in_flight
 
     def holder(self, delivery_id: str) -> str:
-        """The slot holder identity of a delivery: unique per worker and delivery,
-        so a redelivered copy elsewhere never counts as the same holder."""
-        return f"{self.config.name}/{delivery_id}"
+        """The slot holder identity of a delivery: unique per docket, worker and
+        delivery, so a redelivered copy elsewhere never counts as the same holder."""
+        return self._holder_prefix + delivery_id
 
     def next_deadline(self) -> float | None:
         """When the runtime must call back with ``Tick``."""
@@ -196,7 +200,7 @@ class WorkerMachine:
                     self._lease_lost(delivery_id)
                 for holder in outcome.lost_slots:
                     # the slot was taken over as stale: the run must stop too
-                    delivery_id = holder.removeprefix(f"{self.config.name}/")
+                    delivery_id = holder.removeprefix(self._holder_prefix)
                     flight = self.in_flight.get(delivery_id)
                     if flight is not None:
                         flight.slot = None
@@ -270,6 +274,7 @@ class WorkerMachine:
                     stale_after=self.config.redelivery_timeout,
                     delivery_id=delivery_id,
                     message=flight.message,
+                    scope=limit.scope,
                 )
             )
 
@@ -350,8 +355,12 @@ class WorkerMachine:
     def _release(self, flight: InFlight, now: float) -> ReleaseSlot | None:
         if flight.slot is None:
             return None
+        assert flight.policy.concurrency is not None
         release = ReleaseSlot(
-            limit_key=flight.slot, holder=self.holder(flight.delivery_id), now=now
+            limit_key=flight.slot,
+            holder=self.holder(flight.delivery_id),
+            now=now,
+            scope=flight.policy.concurrency.scope,
         )
         flight.slot = None
         return release
@@ -430,7 +439,11 @@ class WorkerMachine:
         self._next_renewal = now + self.config.renew_interval
         held = tuple(f.delivery_id for f in self.in_flight.values() if f.phase in lifecycle.HOLDING)
         slots = tuple(
-            (f.slot, self.holder(f.delivery_id))
+            HeldSlot(
+                limit_key=f.slot,
+                holder=self.holder(f.delivery_id),
+                scope=f.policy.concurrency.scope if f.policy.concurrency else None,
+            )
             for f in self.in_flight.values()
             if f.slot is not None
         )
