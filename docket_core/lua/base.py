@@ -33,9 +33,9 @@ from .protocol import (
     PROMOTE_LIMIT,
     Layout,
     ScriptCall,
-    call_for,
+    calls_for,
     number,
-    outcome_for,
+    outcomes_for,
     parse_progress,
     parse_progress_reply,
     parse_read,
@@ -112,9 +112,9 @@ class ScriptedStore(abc.ABC):
     async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
         if not effects:
             return []
-        layout = self.layout
-        replies = await self.run_calls([call_for(layout, e) for e in effects])
-        return [outcome_for(e, r) for e, r in zip(effects, replies, strict=True)]
+        calls = calls_for(self.layout, effects)
+        replies = await self.run_calls([call for call, _ in calls])
+        return outcomes_for(effects, calls, replies)
 
     async def read(
         self,

@@ -125,23 +125,71 @@ class Layout:
 # -- effects to calls ---------------------------------------------------------
 
 
+def finish_arguments(effect: Finish) -> list[str | bytes]:
+    """One delivery's group of arguments of the ``finish`` script."""
+    return [
+        effect.delivery_id,
+        effect.key,
+        str(effect.generation),
+        effect.state.value,
+        number(effect.now),
+        number(effect.ttl),
+        effect.error or "",
+        "0" if effect.result is None else "1",
+        effect.result or b"",
+    ]
+
+
+def calls_for(layout: Layout, effects: Sequence[StoreEffect]) -> list[tuple[ScriptCall, int]]:
+    """The script calls that carry out ``effects``, in order, each with how
+    many effects it covers: consecutive finishes share one call."""
+    calls: list[tuple[ScriptCall, int]] = []
+    run: list[str | bytes] = []
+    covered = 0
+    for effect in effects:
+        if type(effect) is Finish:
+            assert isinstance(effect, Finish)
+            run += finish_arguments(effect)
+            covered += 1
+            continue
+        if covered:
+            calls.append((layout.call("finish", *run), covered))
+            run, covered = [], 0
+        calls.append((call_for(layout, effect), 1))
+    if covered:
+        calls.append((layout.call("finish", *run), covered))
+    return calls
+
+
+def outcomes_for(
+    effects: Sequence[StoreEffect], calls: Sequence[tuple[ScriptCall, int]], replies: Sequence[Any]
+) -> list[Outcome]:
+    """Decode the replies of ``calls_for(effects)`` into one outcome per effect."""
+    outcomes: list[Outcome] = []
+    index = 0
+    for (_, covered), reply in zip(calls, replies, strict=True):
+        if covered == 1 and type(effects[index]) is not Finish:
+            outcomes.append(outcome_for(effects[index], reply))
+        else:
+            try:
+                flags = list(reply)
+            except TypeError as error:
+                raise StoreError(f"unexpected reply {reply!r} to a finish") from error
+            if len(flags) != covered:
+                raise StoreError(f"a finish of {covered} deliveries answered {reply!r}")
+            for effect, flag in zip(effects[index : index + covered], flags, strict=True):
+                assert isinstance(effect, Finish)
+                outcomes.append(FinishDone(delivery_id=effect.delivery_id, recorded=int(flag) == 1))
+        index += covered
+    return outcomes
+
+
 def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
     """The script call that carries out ``effect``."""
     kind = type(effect)
     if kind is Finish:
         assert isinstance(effect, Finish)
-        return layout.call(
-            "finish",
-            effect.delivery_id,
-            effect.key,
-            str(effect.generation),
-            effect.state.value,
-            number(effect.now),
-            number(effect.ttl),
-            effect.error or "",
-            "0" if effect.result is None else "1",
-            effect.result or b"",
-        )
+        return layout.call("finish", *finish_arguments(effect))
     if kind is Claim:
         assert isinstance(effect, Claim)
         items: list[str] = []
@@ -226,7 +274,8 @@ def outcome_for(effect: StoreEffect, reply: Any) -> Outcome:
     try:
         if kind is Finish:
             assert isinstance(effect, Finish)
-            return FinishDone(delivery_id=effect.delivery_id, recorded=int(reply) == 1)
+            (flag,) = reply
+            return FinishDone(delivery_id=effect.delivery_id, recorded=int(flag) == 1)
         if kind is Claim:
             assert isinstance(effect, Claim)
             verdicts = tuple(
