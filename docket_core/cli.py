@@ -248,6 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     worker.add_argument(
+        "--metrics-port",
+        type=_argument_type(_positive_int, "metrics port"),
+        default=os.environ.get("DOCKET_WORKER_METRICS_PORT"),
+        metavar="PORT",
+        help=(
+            "serve the worker's metrics to Prometheus on this port, at /metrics "
+            "(env DOCKET_WORKER_METRICS_PORT; needs docket[metrics])"
+        ),
+    )
+    worker.add_argument(
         "--until-finished",
         action="store_true",
         help="exit once no task is due, scheduled or running instead of running forever",
@@ -326,6 +336,11 @@ def _command_worker(args: argparse.Namespace) -> int:
     if args.fallback_task:
         module_name, _, attribute = args.fallback_task.partition(":")
         fallback = getattr(importlib.import_module(module_name), attribute)
+
+    if args.metrics_port:
+        from .instrumentation import serve_metrics
+
+        serve_metrics(int(args.metrics_port))
 
     async def run() -> None:
         async with Docket(name=args.docket, url=args.url) as docket:

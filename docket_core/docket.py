@@ -13,9 +13,18 @@ from typing import Any, ParamSpec, TypeVar, cast, overload
 
 import attrs
 
+from . import instrumentation
 from .adapter import StorageAdapter, adapter_for_url
 from .dependencies import bind_arguments, validate
 from .execution import Execution, to_datetime, to_timestamp
+from .instrumentation import (
+    TASKS_ADDED,
+    TASKS_CANCELLED,
+    TASKS_REPLACED,
+    TASKS_SCHEDULED,
+    producer_span,
+    trace_headers,
+)
 from .sansio.decisions import plan_add
 from .sansio.effects import Cancel
 from .sansio.errors import StoreError, UsageError
@@ -227,19 +236,28 @@ class Docket:
         at = now if when is None else to_timestamp(when)
         key = key or uuid7()
         execution = Execution(self, task, args, kwargs, key, to_datetime(at), function_name=name)
-        strikes = await self.adapter.strikes()
-        if not strikes.empty and strikes.is_struck(name, bind_arguments(task, args, kwargs)):
-            execution.disposition = Disposition.STRUCK
-            execution.state = ExecutionState.CANCELLED
-            return execution
-        payload = dumps_call(name, args, kwargs)
-        effect = plan_add(key=key, function=name, payload=payload, when=at, mode=mode, now=now)
-        (outcome,) = await self.adapter.execute([effect])
+        metering = instrumentation.metering()
+        labels = {"docket.name": self.name, "docket.task": name}
+        if metering:
+            counter = TASKS_ADDED if mode is ScheduleMode.ADD else TASKS_REPLACED
+            counter.add(1, labels)
+        operation = "add" if mode is ScheduleMode.ADD else "replace"
+        with producer_span(operation, self.name, {"docket.task": name, "docket.key": key}) as span:
+            strikes = await self.adapter.strikes()
+            if not strikes.empty and strikes.is_struck(name, bind_arguments(task, args, kwargs)):
+                execution.disposition = Disposition.STRUCK
+                execution.state = ExecutionState.CANCELLED
+                return execution
+            payload = dumps_call(name, args, kwargs, trace_headers(span))
+            effect = plan_add(key=key, function=name, payload=payload, when=at, mode=mode, now=now)
+            (outcome,) = await self.adapter.execute([effect])
         if not isinstance(outcome, Scheduled):
             raise StoreError(f"the store answered {outcome!r} to a schedule")
         if outcome.accepted:
             execution.disposition = Disposition.SCHEDULED
             execution._generation = outcome.generation
+            if metering:
+                TASKS_SCHEDULED.add(1, labels)
         else:
             execution.disposition = Disposition.ALREADY_SCHEDULED
         if outcome.state is not None:
@@ -249,7 +267,10 @@ class Docket:
     async def cancel(self, key: str) -> None:
         """Cancel ``key`` whatever its stage; a running task is interrupted."""
         ttl = self.execution_ttl.total_seconds()
-        await self.adapter.execute([Cancel(key=key, now=time.time(), ttl=ttl)])
+        if instrumentation.metering():
+            TASKS_CANCELLED.add(1, {"docket.name": self.name})
+        with producer_span("cancel", self.name, {"docket.key": key}):
+            await self.adapter.execute([Cancel(key=key, now=time.time(), ttl=ttl)])
 
     async def get_execution(self, key: str) -> Execution | None:
         """The latest execution of ``key``, or ``None`` if the store has none."""
@@ -272,9 +293,9 @@ class Docket:
         value: Any = None,
     ) -> None:
         """Stop matching calls from being scheduled or run until restored."""
-        await self.adapter.add_strike(
-            self._instruction(function, parameter, operator, value, False)
-        )
+        instruction = self._instruction(function, parameter, operator, value, False)
+        with producer_span("strike", self.name):
+            await self.adapter.add_strike(instruction)
 
     async def restore(
         self,
@@ -284,7 +305,9 @@ class Docket:
         value: Any = None,
     ) -> None:
         """Lift a strike made with the same arguments."""
-        await self.adapter.add_strike(self._instruction(function, parameter, operator, value, True))
+        instruction = self._instruction(function, parameter, operator, value, True)
+        with producer_span("restore", self.name):
+            await self.adapter.add_strike(instruction)
 
     @staticmethod
     def _instruction(
@@ -371,7 +394,8 @@ class Docket:
 
     async def clear(self) -> int:
         """Cancel every scheduled and queued task; return how many there were."""
-        return await self.adapter.clear(time.time(), self.execution_ttl.total_seconds())
+        with producer_span("clear", self.name):
+            return await self.adapter.clear(time.time(), self.execution_ttl.total_seconds())
 
 
 def uuid7() -> str:

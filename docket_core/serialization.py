@@ -9,10 +9,17 @@ import cloudpickle
 from .sansio.errors import UsageError
 
 
-def dumps_call(function_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    """Pickle a call's arguments; a value that cannot be pickled is the caller's error."""
+def dumps_call(
+    function_name: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> bytes:
+    """Pickle a call's arguments (and its ``headers``, such as the trace
+    context of the code that scheduled it); a value that cannot be pickled is
+    the caller's error."""
     try:
-        data: bytes = cloudpickle.dumps((args, kwargs))
+        data: bytes = cloudpickle.dumps((args, kwargs, headers) if headers else (args, kwargs))
         return data
     except Exception as error:
         raise UsageError(
@@ -21,11 +28,23 @@ def dumps_call(function_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
         ) from error
 
 
+def loads_message(
+    payload: bytes,
+) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, str]]:
+    """Unpickle a call's arguments and headers; raises whatever unpickling raises."""
+    call = cloudpickle.loads(payload)
+    if not isinstance(call, tuple) or len(call) not in (2, 3):
+        raise TypeError("the message payload is not an (args, kwargs) pair")
+    args, kwargs = call[0], call[1]
+    headers = call[2] if len(call) == 3 else {}
+    if not isinstance(args, tuple) or not isinstance(kwargs, dict) or not isinstance(headers, dict):
+        raise TypeError("the message payload is not an (args, kwargs) pair")
+    return args, kwargs, headers
+
+
 def loads_call(payload: bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Unpickle a call's arguments; raises whatever unpickling raises."""
-    args, kwargs = cloudpickle.loads(payload)
-    if not isinstance(args, tuple) or not isinstance(kwargs, dict):
-        raise TypeError("the message payload is not an (args, kwargs) pair")
+    args, kwargs, _ = loads_message(payload)
     return args, kwargs
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from . import dependencies
+from . import dependencies, instrumentation
 from .dependencies import ForcedRetry, TaskContext, resolve
 from .docket import Docket
 from .execution import Execution, to_datetime
@@ -48,7 +48,7 @@ from .sansio.inputs import (
 from .sansio.strikes import StrikeList
 from .sansio.values import NO_POLICY, Delivery
 from .sansio.worker import WorkerConfig, WorkerMachine
-from .serialization import describe, dumps_value, loads_call
+from .serialization import describe, dumps_value, loads_message
 
 logger = logging.getLogger("docket.worker")
 
@@ -92,6 +92,8 @@ class Worker:
             raise UsageError("a worker's concurrency must be at least 1")
         self._machine: WorkerMachine | None = None
         self._limits: dict[str, int] = {}
+        #: task name -> the metric labels of its runs here
+        self._labels: dict[str, dict[str, str]] = {}
         self._runs: dict[str, int] = {}
 
     async def __aenter__(self) -> Worker:
@@ -110,6 +112,11 @@ class Worker:
         """What the worker has done so far (delivered, started, succeeded, ...);
         a snapshot in which a count never reached reads as 0."""
         return Counter(self._machine.counters) if self._machine else Counter()
+
+    @property
+    def running_tasks(self) -> int:
+        """How many task functions run now."""
+        return len(self._scopes) if self._machine else 0
 
     # -- public run modes ----------------------------------------------------------
 
@@ -145,6 +152,7 @@ class Worker:
             reseed_interval=RESEED_SECONDS if self.schedule_automatic_tasks else None,
         )
         machine = self._machine = WorkerMachine(config, time.time())
+        instrumentation.watch(self)
         self._dirty = anyio.Event()
         self._capacity = anyio.Event()
         self._rearm = anyio.Event()
@@ -152,7 +160,8 @@ class Worker:
         self._finished = anyio.Event()
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._cancel_reasons: dict[str, str] = {}
-        self._calls: dict[str, tuple[Callable[..., Any], Execution]] = {}
+        #: delivery id -> the function, the execution and the headers of its call
+        self._calls: dict[str, tuple[Callable[..., Any], Execution, dict[str, str]]] = {}
         self._background: list[anyio.CancelScope] = []
         if self.schedule_automatic_tasks:
             await self._seed_automatic()
@@ -260,7 +269,7 @@ class Worker:
                 problem=f"unknown task {message.function!r}: not registered on worker {self.name}",
             )
         try:
-            args, kwargs = loads_call(message.payload)
+            args, kwargs, headers = loads_message(message.payload)
         except Exception as error:
             return Arrival(
                 delivery=delivery,
@@ -287,7 +296,7 @@ class Worker:
             generation=message.generation,
             redelivered=delivery.redelivered,
         )
-        self._calls[delivery.delivery_id] = (function, execution)
+        self._calls[delivery.delivery_id] = (function, execution, headers)
         return Arrival(delivery=delivery, policy=policy, struck=struck)
 
     def _struck(self, function: str, key: str, arguments: Mapping[str, Any]) -> bool:
@@ -423,7 +432,7 @@ class Worker:
     async def _run_task(self, delivery_id: str) -> None:
         machine = self._machine
         assert machine is not None
-        function, execution = self._calls.pop(delivery_id)
+        function, execution, headers = self._calls.pop(delivery_id)
         flight = machine.in_flight[delivery_id]
         outcome = TaskOutcome.SUCCEEDED
         error: str | None = None
@@ -448,37 +457,56 @@ class Worker:
             on_deadline_change=on_deadline,
             report_progress=partial(_report, self.docket, execution.key, execution.generation),
         )
+        labels = self._labels.get(execution.function_name)
+        if labels is None:
+            labels = self._labels[execution.function_name] = {
+                "docket.name": self.docket.name,
+                "docket.worker": self.name,
+                "docket.task": execution.function_name,
+            }
+        started = time.time()
+        metering = instrumentation.metering()
+        if metering:
+            lateness = max(started - execution.when.timestamp(), 0.0)
+            instrumentation.TASK_PUNCTUALITY.record(lateness, labels)
         # shielded: a stopping worker drains its tasks; only CancelTask cancels them
         scope = anyio.CancelScope(shield=True)
         self._scopes[delivery_id] = scope
-        with scope:
-            try:
-                async with resolve(function, context) as call:
-                    try:
-                        if inspect.iscoroutinefunction(function):
-                            value = await function(*call.args, **call.kwargs)
-                        else:
-                            # a thread cannot be interrupted: a timed-out or
-                            # cancelled sync task ends when it returns, and only
-                            # then is its slot released or its retry scheduled
-                            value = await anyio.to_thread.run_sync(
-                                partial(function, *call.args, **call.kwargs)
-                            )
-                        if value is not None and self.docket.execution_ttl.total_seconds() > 0:
-                            result = dumps_value(value)
-                    except ForcedRetry as forced:
-                        outcome, error = TaskOutcome.FAILED, describe(forced)
-                        follow_up = call.follow_up(time.time(), forced)
-                    except Exception as failure:
-                        outcome, error = TaskOutcome.FAILED, describe(failure)
-                        result = dumps_value(failure)
-                        logger.warning("%s failed: %s", execution.call_repr(), error)
-                    if follow_up is None:
-                        follow_up = call.follow_up(time.time())
-            except Exception as failure:
-                outcome, error = TaskOutcome.FAILED, describe(failure)
-                result = dumps_value(failure)
-                logger.warning("%s failed in a dependency: %s", execution.function_name, error)
+        with instrumentation.task_span(execution, headers, labels) as span:
+            with scope:
+                try:
+                    async with resolve(function, context) as call:
+                        try:
+                            if inspect.iscoroutinefunction(function):
+                                value = await function(*call.args, **call.kwargs)
+                            else:
+                                # a thread cannot be interrupted: a timed-out or
+                                # cancelled sync task ends when it returns, and only
+                                # then is its slot released or its retry scheduled
+                                value = await anyio.to_thread.run_sync(
+                                    partial(function, *call.args, **call.kwargs)
+                                )
+                            if value is not None and self.docket.execution_ttl.total_seconds() > 0:
+                                result = dumps_value(value)
+                        except ForcedRetry as forced:
+                            outcome, error = TaskOutcome.FAILED, describe(forced)
+                            follow_up = call.follow_up(time.time(), forced)
+                        except Exception as failure:
+                            outcome, error = TaskOutcome.FAILED, describe(failure)
+                            result = dumps_value(failure)
+                            instrumentation.failed(span, failure)
+                            logger.warning("%s failed: %s", execution.call_repr(), error)
+                        if follow_up is None:
+                            follow_up = call.follow_up(time.time())
+                except Exception as failure:
+                    outcome, error = TaskOutcome.FAILED, describe(failure)
+                    result = dumps_value(failure)
+                    instrumentation.failed(span, failure)
+                    logger.warning("%s failed in a dependency: %s", execution.function_name, error)
+            if scope.cancelled_caught:
+                instrumentation.interrupted(span, self._cancel_reasons.get(delivery_id))
+        if metering:
+            instrumentation.TASK_DURATION.record(time.time() - started, labels)
         if scope.cancelled_caught:
             outcome, error, result = TaskOutcome.CANCELLED, None, None
             if self._cancel_reasons.pop(delivery_id, None) == "timeout":

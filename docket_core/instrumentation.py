@@ -1,0 +1,254 @@
+"""Metrics and traces through the OpenTelemetry API, with pydocket's names.
+
+The API is a no-op until the application installs an SDK (a ``MeterProvider``
+or ``TracerProvider``); ``docket worker --metrics-port`` installs one that
+serves Prometheus.  Until then docket skips the calls altogether (``metering``
+and ``tracing`` tell), since even the API's no-op path costs tens of
+microseconds a task.  Labels are bounded: the docket, the worker and the task
+name, never a task key.
+
+Metrics:
+
+- counters ``docket_tasks_added``, ``docket_tasks_replaced`` and
+  ``docket_tasks_scheduled`` (accepted adds and replaces) and
+  ``docket_tasks_cancelled`` (cancel calls), counted where they are called;
+- counters ``docket_tasks_{started, redelivered, stricken, superseded,
+  succeeded, failed, retried, perpetuated, completed}`` of every worker, read
+  from the counts its core keeps (no cost on the hot path);
+- histograms ``docket_task_duration`` and ``docket_task_punctuality`` (start
+  minus the scheduled time), in seconds;
+- ``docket_tasks_running``, the task functions each worker is running.
+
+Traces: spans ``docket.add``, ``docket.replace``, ``docket.cancel``,
+``docket.strike``, ``docket.restore`` and ``docket.clear`` where the calls are
+made; one CONSUMER span per run, named after the task function and linked to
+the span that scheduled it (its context travels with the task's arguments).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.metrics import _internal as _metrics_internal
+from opentelemetry.metrics._internal import _ProxyMeterProvider
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+
+from .sansio.errors import UsageError
+
+if TYPE_CHECKING:
+    from .execution import Execution
+    from .worker import Worker
+
+meter = metrics.get_meter("docket")
+tracer = trace.get_tracer("docket")
+
+# Whether an SDK is installed, checked for cheaply: the API's own getters cost
+# microseconds (an environment lookup each), too much to ask twice a task.  A
+# provider named by the environment is installed by the first getter call.
+_PROVIDER_FROM_ENVIRONMENT = {
+    "metrics": "OTEL_PYTHON_METER_PROVIDER" in os.environ,
+    "traces": "OTEL_PYTHON_TRACER_PROVIDER" in os.environ,
+}
+_live = {"metrics": False, "traces": False}
+
+
+def _installed(kind: str, provider: object, get: Callable[[], object], proxy: type) -> bool:
+    if provider is None and not _PROVIDER_FROM_ENVIRONMENT[kind]:
+        return False
+    _live[kind] = not isinstance(get(), proxy)
+    return _live[kind]
+
+
+def metering() -> bool:
+    """Whether an SDK collects metrics (once one does, it always will)."""
+    return _live["metrics"] or _installed(
+        "metrics",
+        _metrics_internal._METER_PROVIDER,
+        metrics.get_meter_provider,
+        _ProxyMeterProvider,
+    )
+
+
+def tracing() -> bool:
+    """Whether an SDK records spans (once one does, it always will)."""
+    return _live["traces"] or _installed(
+        "traces", trace._TRACER_PROVIDER, trace.get_tracer_provider, trace.ProxyTracerProvider
+    )
+
+
+#: what the span helpers give while nothing records spans
+_NO_SPAN: AbstractContextManager[Span] = nullcontext(trace.INVALID_SPAN)
+
+TASKS_ADDED, TASKS_REPLACED, TASKS_SCHEDULED, TASKS_CANCELLED = (
+    meter.create_counter(name, unit="1", description=description)
+    for name, description in (
+        ("docket_tasks_added", "Tasks added to a docket"),
+        ("docket_tasks_replaced", "Tasks replaced in a docket"),
+        ("docket_tasks_scheduled", "Adds and replaces the docket accepted"),
+        ("docket_tasks_cancelled", "Cancellations requested"),
+    )
+)
+TASK_DURATION, TASK_PUNCTUALITY = (
+    meter.create_histogram(name, unit="s", description=description)
+    for name, description in (
+        ("docket_task_duration", "How long task functions ran"),
+        ("docket_task_punctuality", "How late tasks started after their time"),
+    )
+)
+
+#: the live workers whose counts the observable instruments report
+_workers: weakref.WeakSet[Worker] = weakref.WeakSet()
+
+#: metric -> (description, the core counters it sums)
+WORKER_COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "docket_tasks_started": ("Task runs started", ("started",)),
+    "docket_tasks_redelivered": ("Deliveries taken over from a silent worker", ("redelivered",)),
+    "docket_tasks_stricken": ("Deliveries not run because of a strike", ("struck",)),
+    "docket_tasks_superseded": ("Deliveries of superseded generations", ("superseded",)),
+    "docket_tasks_succeeded": ("Runs that returned", ("succeeded",)),
+    "docket_tasks_failed": ("Runs (or deliveries) that failed for good", ("failed",)),
+    "docket_tasks_retried": ("Failed runs scheduled again", ("retried",)),
+    "docket_tasks_perpetuated": ("Perpetual runs scheduled again", ("perpetuated",)),
+    "docket_tasks_completed": (
+        "Runs that ended (succeeded, failed, retried or perpetuated)",
+        ("succeeded", "failed", "retried", "perpetuated"),
+    ),
+}
+
+
+def _observe(
+    names: tuple[str, ...],
+) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(options: CallbackOptions) -> Iterable[Observation]:
+        for worker in list(_workers):
+            counters = worker.counters
+            yield Observation(sum(counters[n] for n in names), worker_attributes(worker))
+
+    return callback
+
+
+def _running(options: CallbackOptions) -> Iterable[Observation]:
+    for worker in list(_workers):
+        yield Observation(worker.running_tasks, worker_attributes(worker))
+
+
+for _name, (_description, _names) in WORKER_COUNTERS.items():
+    meter.create_observable_counter(
+        _name, callbacks=[_observe(_names)], unit="1", description=_description
+    )
+meter.create_observable_up_down_counter(
+    "docket_tasks_running",
+    callbacks=[_running],
+    unit="1",
+    description="Task functions running now",
+)
+
+
+def worker_attributes(worker: Worker) -> dict[str, str]:
+    return {"docket.name": worker.docket.name, "docket.worker": worker.name}
+
+
+def watch(worker: Worker) -> None:
+    """Report ``worker``'s counts while it lives."""
+    _workers.add(worker)
+
+
+# -- traces ------------------------------------------------------------------------------
+
+
+def producer_span(
+    operation: str, docket: str, attributes: Mapping[str, Any] | None = None
+) -> AbstractContextManager[Span]:
+    """A span around one of the docket's calls (``docket.add``...)."""
+    return _producer_span(operation, docket, attributes) if tracing() else _NO_SPAN
+
+
+@contextmanager
+def _producer_span(
+    operation: str, docket: str, attributes: Mapping[str, Any] | None
+) -> Iterator[Span]:
+    with tracer.start_as_current_span(
+        f"docket.{operation}",
+        kind=SpanKind.PRODUCER if operation in ("add", "replace") else SpanKind.CLIENT,
+        attributes={"docket.name": docket, **(attributes or {})},
+    ) as span:
+        yield span
+
+
+def trace_headers(span: Span) -> dict[str, str] | None:
+    """The trace context to send along with a task, if there is one."""
+    if not tracing() or not span.get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier or None
+
+
+def task_span(
+    execution: Execution, headers: Mapping[str, str], labels: Mapping[str, str]
+) -> AbstractContextManager[Span]:
+    """The CONSUMER span of one run, linked to the span that scheduled it."""
+    return _task_span(execution, headers, labels) if tracing() else _NO_SPAN
+
+
+@contextmanager
+def _task_span(
+    execution: Execution, headers: Mapping[str, str], labels: Mapping[str, str]
+) -> Iterator[Span]:
+    links: list[Link] = []
+    if headers:
+        producer = trace.get_current_span(propagate.extract(headers)).get_span_context()
+        if producer.is_valid:
+            links.append(Link(producer))
+    with tracer.start_as_current_span(
+        execution.function_name,
+        kind=SpanKind.CONSUMER,
+        links=links,
+        attributes=labels,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "docket.key": execution.key,
+                    "docket.attempt": execution.attempt,
+                    "docket.when": execution.when.isoformat(),
+                }
+            )
+        yield span
+
+
+def failed(span: Span, error: BaseException) -> None:
+    """Mark a run's span as failed with ``error``."""
+    if span.is_recording():
+        span.record_exception(error)
+        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
+
+def interrupted(span: Span, reason: str | None) -> None:
+    """Mark a run's span as cancelled (by a cancel, a timeout, a lost lease)."""
+    if span.is_recording():
+        span.set_attribute("docket.cancelled", reason or "cancelled")
+        span.set_status(Status(StatusCode.ERROR, reason or "cancelled"))
+
+
+def serve_metrics(port: int, host: str = "0.0.0.0") -> None:
+    """Install an OpenTelemetry SDK whose metrics Prometheus scrapes from
+    ``http://host:port/metrics`` (a thread serves them)."""
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from opentelemetry.sdk.metrics import MeterProvider
+        from prometheus_client import start_http_server
+    except ImportError as error:
+        raise UsageError(
+            f"serving metrics needs the metrics extra: pip install 'docket[metrics]' ({error})"
+        ) from error
+    start_http_server(port, addr=host)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
