@@ -1,8 +1,10 @@
 """The ``docket`` command line.
 
-``docket worker`` runs a worker; ``strike``, ``restore``, ``clear``,
-``snapshot`` and ``workers ls`` inspect or steer a docket that lives in a
-shared store.  Built on argparse, so it needs nothing beyond docket itself.
+``docket worker`` runs a worker (optionally serving a healthcheck and
+Prometheus metrics); ``strike``, ``restore``, ``clear``, ``snapshot``,
+``workers ls|for-task``, ``watch`` and ``tasks`` inspect or steer a docket
+that lives in a shared store (``cli_commands``).  Built on argparse, so it
+needs nothing beyond docket itself.
 
 Options that configure a worker or pick a docket can also come from the
 environment (``DOCKET_URL``, ``DOCKET_NAME``, ``DOCKET_TASKS``,
@@ -18,15 +20,16 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime, timedelta
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from .sansio.errors import DocketError, UsageError
 from .sansio.strikes import Operator
 
 if TYPE_CHECKING:
-    from . import Docket
+    pass
 
 __all__ = ["build_parser", "main", "parse_duration", "parse_value"]
 
@@ -247,16 +250,21 @@ def build_parser() -> argparse.ArgumentParser:
             "(env DOCKET_WORKER_FALLBACK_TASK; default: record them as failed)"
         ),
     )
-    worker.add_argument(
-        "--metrics-port",
-        type=_argument_type(_positive_int, "metrics port"),
-        default=os.environ.get("DOCKET_WORKER_METRICS_PORT"),
-        metavar="PORT",
-        help=(
-            "serve the worker's metrics to Prometheus on this port, at /metrics "
-            "(env DOCKET_WORKER_METRICS_PORT; needs docket[metrics])"
-        ),
-    )
+    ports = [
+        ("--metrics-port", "METRICS_PORT",
+         "serve the worker's metrics to Prometheus on this port, at /metrics "
+         "(needs docket[metrics])"),
+        ("--healthcheck-port", "HEALTHCHECK_PORT",
+         "answer HTTP GET on this port with 200 while the worker runs"),
+    ]  # fmt: skip
+    for option, env_suffix, text in ports:
+        worker.add_argument(
+            option,
+            type=_argument_type(_positive_int, "port"),
+            default=os.environ.get(f"DOCKET_WORKER_{env_suffix}"),
+            metavar="PORT",
+            help=f"{text} (env DOCKET_WORKER_{env_suffix})",
+        )
     worker.add_argument(
         "--until-finished",
         action="store_true",
@@ -287,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_strike_arguments(restore)
 
-    clear = commands.add_parser("clear", help="remove every scheduled and queued task")
+    clear = commands.add_parser("clear", help="cancel every task that waits to run")
     _add_docket_options(clear)
 
     snapshot = commands.add_parser("snapshot", help="show running and future tasks")
@@ -299,6 +307,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     workers_ls = workers_commands.add_parser("ls", help="list live workers")
     _add_docket_options(workers_ls)
+    for_task = workers_commands.add_parser("for-task", help="list live workers that run TASK")
+    for_task.add_argument("task", help="a task name")
+    _add_docket_options(for_task)
+
+    watch = commands.add_parser("watch", help="follow a task's state and progress until it ends")
+    watch.add_argument("key", help="the task's key")
+    watch.add_argument(
+        "--poll-interval",
+        type=_duration,
+        default="1s",
+        metavar="DURATION",
+        help="how often to look, besides the live events (default %(default)s)",
+    )
+    _add_docket_options(watch)
+
+    tasks = commands.add_parser("tasks", help="add one of the built-in tasks")
+    builtins = tasks.add_subparsers(dest="task", required=True, metavar="TASK")
+    for name, text in (("trace", "log MESSAGE"), ("fail", "fail with MESSAGE (tried twice)")):
+        builtin = builtins.add_parser(name, help=text)
+        builtin.add_argument("message", help="the message")
+    sleep = builtins.add_parser("sleep", help="sleep SECONDS")
+    sleep.add_argument("seconds", type=float, help="how long to sleep")
+    for builtin in builtins.choices.values():
+        builtin.add_argument(
+            "--delay",
+            type=_duration,
+            default="0s",
+            metavar="DURATION",
+            help="run it this much later (default now)",
+        )
+        _add_docket_options(builtin)
 
     return parser
 
@@ -357,157 +396,41 @@ def _command_worker(args: argparse.Namespace) -> int:
                 schedule_automatic_tasks=args.schedule_automatic_tasks,
                 fallback_task=fallback,
             ) as worker:
-                if args.until_finished:
-                    await worker.run_until_finished()
-                else:
-                    await worker.run_forever()
+                running.set()
+                try:
+                    if args.until_finished:
+                        await worker.run_until_finished()
+                    else:
+                        await worker.run_forever()
+                finally:
+                    running.clear()
 
+    running = threading.Event()
+    if args.healthcheck_port:
+        serve_healthcheck(int(args.healthcheck_port), running.is_set)
     anyio.run(run)
     return 0
 
 
-def _with_docket(args: argparse.Namespace, body: Callable[[Docket], Awaitable[T]]) -> T:
-    """Open the docket named by ``args``, run ``body`` on it, return its result."""
-    import anyio
+def serve_healthcheck(port: int, healthy: Callable[[], bool], host: str = "0.0.0.0") -> None:
+    """Answer GET on ``port`` from a thread: 200 while ``healthy()``, else 503."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from . import Docket
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = healthy()
+            body = b"ok\n" if ok else b"not running\n"
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
-    async def run() -> T:
-        async with Docket(name=args.docket, url=args.url) as docket:
-            return await body(docket)
+        def log_message(self, format: str, *args: Any) -> None:
+            return None  # probes every few seconds would flood the log
 
-    return anyio.run(run)
-
-
-def _strike_arguments(args: argparse.Namespace) -> tuple[str | None, str | None, str, Any]:
-    function = _wildcard(args.function)
-    parameter = _wildcard(args.parameter)
-    if function is None and parameter is None:
-        raise UsageError("name a task, a parameter, or both ('*' stands for any)")
-    if parameter is None:
-        return function, None, args.operator, None
-    if args.value is None:
-        raise UsageError(f"a condition on {parameter!r} needs a value to compare with")
-    try:
-        if args.operator == Operator.BETWEEN.value:
-            bounds = args.value.split(",")
-            if len(bounds) != 2:
-                raise ValueError(f"'between' needs two values, LOW,HIGH (got {args.value!r})")
-            value: Any = (parse_value(bounds[0]), parse_value(bounds[1]))
-        else:
-            value = parse_value(args.value)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    return function, parameter, args.operator, value
-
-
-def _describe_strike(function: str | None, parameter: str | None, operator: str, value: Any) -> str:
-    if parameter is None:
-        return f"task {function}"
-    condition = f"{parameter} {operator} {value!r}"
-    return f"{function} calls with {condition}" if function else f"any task with {condition}"
-
-
-def _command_strike(args: argparse.Namespace, out: TextIO, *, restore: bool) -> int:
-    function, parameter, operator, value = _strike_arguments(args)
-
-    async def body(docket: Docket) -> None:
-        if restore:
-            await docket.restore(function, parameter, operator, value)
-        else:
-            await docket.strike(function, parameter, operator, value)
-
-    _with_docket(args, body)
-    verb = "Restored" if restore else "Struck"
-    print(f"{verb} {_describe_strike(function, parameter, operator, value)}", file=out)
-    return 0
-
-
-def _command_clear(args: argparse.Namespace, out: TextIO) -> int:
-    count = _with_docket(args, lambda docket: docket.clear())
-    print(f"Cleared {count} task{'s' if count != 1 else ''}", file=out)
-    return 0
-
-
-def _relative(moment: datetime, reference: datetime) -> str:
-    seconds = (moment - reference).total_seconds()
-    if abs(seconds) < 0.0005:
-        return "now"
-    text = _format_seconds(abs(seconds))
-    return f"in {text}" if seconds > 0 else f"{text} ago"
-
-
-def _format_seconds(seconds: float) -> str:
-    if seconds < 1:
-        return f"{seconds * 1000:.0f}ms"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, seconds = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [len(header) for header in headers]
-    for row in rows:
-        widths = [max(width, len(cell)) for width, cell in zip(widths, row, strict=True)]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in [list(headers), ["-" * width for width in widths], *rows]
-    ]
-    return "\n".join(lines)
-
-
-def _command_snapshot(args: argparse.Namespace, out: TextIO) -> int:
-    snapshot = _with_docket(args, lambda docket: docket.snapshot())
-    taken: datetime = snapshot.taken
-    print(f"Docket {args.docket!r} at {args.url}, taken {taken.isoformat()}", file=out)
-    print(
-        f"{snapshot.total_tasks} task(s): {len(snapshot.running)} running, "
-        f"{len(snapshot.future)} future; {len(snapshot.workers)} worker(s)",
-        file=out,
-    )
-    print(file=out)
-    print("Running", file=out)
-    running_rows = [
-        [
-            str(execution.key),
-            str(execution.function_name),
-            str(execution.attempt),
-            str(execution.worker),
-            _relative(execution.started, taken),
-        ]
-        for execution in sorted(snapshot.running, key=lambda e: e.started)
-    ]
-    print(_table(["KEY", "FUNCTION", "ATTEMPT", "WORKER", "STARTED"], running_rows), file=out)
-    print(file=out)
-    print("Future", file=out)
-    future_rows = [
-        [
-            str(execution.key),
-            str(execution.function_name),
-            str(execution.attempt),
-            _relative(execution.when, taken),
-        ]
-        for execution in sorted(snapshot.future, key=lambda e: e.when)
-    ]
-    print(_table(["KEY", "FUNCTION", "ATTEMPT", "WHEN"], future_rows), file=out)
-    return 0
-
-
-def _command_workers_ls(args: argparse.Namespace, out: TextIO) -> int:
-    workers = _with_docket(args, lambda docket: docket.workers())
-    now = datetime.now().astimezone()
-    rows = [
-        [
-            str(worker.name),
-            _relative(worker.last_seen, now),
-            ", ".join(sorted(worker.tasks)),
-        ]
-        for worker in sorted(workers, key=lambda w: w.name)
-    ]
-    print(_table(["NAME", "LAST SEEN", "TASKS"], rows), file=out)
-    return 0
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="docket-healthcheck", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,17 +451,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"docket {command}: {MEMORY_ONLY_IN_PROCESS}", file=sys.stderr)
         return 2
 
+    from . import cli_commands as commands
+
     try:
         if command == "worker":
             return _command_worker(args)
         if command in ("strike", "restore"):
-            return _command_strike(args, out, restore=command == "restore")
+            return commands.command_strike(args, out, restore=command == "restore")
         if command == "clear":
-            return _command_clear(args, out)
+            return commands.command_clear(args, out)
         if command == "snapshot":
-            return _command_snapshot(args, out)
+            return commands.command_snapshot(args, out)
         if command == "workers":
-            return _command_workers_ls(args, out)
+            if args.workers_command == "for-task":
+                return commands.command_workers_for_task(args, out)
+            return commands.command_workers_ls(args, out)
+        if command == "watch":
+            return commands.command_watch(args, out)
+        if command == "tasks":
+            return commands.command_tasks(args, out)
     except UsageError as error:
         print(f"docket {command}: {error}", file=sys.stderr)
         return 2

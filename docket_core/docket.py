@@ -393,7 +393,8 @@ class Docket:
         return [w for w in await self.workers() if task_name in w.tasks]
 
     async def clear(self) -> int:
-        """Cancel every scheduled and queued task; return how many there were."""
+        """Cancel every task that waits to run (scheduled, queued, or parked
+        behind a concurrency limit); return how many there were."""
         with producer_span("clear", self.name):
             return await self.adapter.clear(time.time(), self.execution_ttl.total_seconds())
 

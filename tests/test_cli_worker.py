@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio
 import pytest
 
-from docket_core import Disposition, Docket, ExecutionState
+from docket_core import Disposition, Docket, ExecutionState, Progress, Worker
 
 pytestmark = [
     pytest.mark.anyio,
@@ -111,3 +116,121 @@ async def test_the_worker_command_takes_a_fallback_task(docket: Docket, docket_u
     )
     assert result.returncode == 0, result.stderr
     assert await execution.get_result() == "fallback(5,)"
+
+
+# -- watch, the built-in tasks, workers for-task, the healthcheck ---------------------------
+
+
+async def test_watch_follows_a_task_to_its_end(docket: Docket, docket_url: str) -> None:
+    async def reporting(progress: Progress = Progress()) -> None:
+        await progress.set_total(2)
+        for step in ("halfway", "done"):
+            await anyio.sleep(0.2)
+            await progress.increment()
+            await progress.set_message(step)
+
+    docket.register(reporting)
+    when = datetime.now(UTC) + timedelta(seconds=3)  # the watcher's process starts first
+    await docket.add(reporting, key="watched", when=when)()
+    common = ["--url", docket_url, "--docket", docket.name]
+    watched: list[subprocess.CompletedProcess[str]] = []
+
+    async def watch() -> None:
+        watched.append(await anyio.to_thread.run_sync(run_cli, "watch", "watched", *common))
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch)
+            worker = Worker(docket, minimum_check_interval=timedelta(milliseconds=10))
+            await worker.run_until_finished()
+    (result,) = watched
+    assert result.returncode == 0, result.stderr
+    lines = [line.split(" ", 2)[2] for line in result.stdout.splitlines()]
+    assert lines[0] == "state scheduled"
+    assert lines[-1] == "state completed"
+    assert any(line.startswith("state running on ") for line in lines)
+    assert "progress 2/2 done" in lines
+    assert lines.index("progress 1/2 halfway") < lines.index("progress 2/2 done")
+
+
+async def test_watch_of_an_unknown_key_is_a_clear_error(docket: Docket, docket_url: str) -> None:
+    result = run_cli("watch", "nope", "--url", docket_url, "--docket", docket.name)
+    assert result.returncode == 2
+    assert "has no execution 'nope'" in result.stderr
+
+
+async def test_the_tasks_command_adds_the_builtin_tasks(docket: Docket, docket_url: str) -> None:
+    common = ["--url", docket_url, "--docket", docket.name]
+    result = run_cli("tasks", "trace", "hello there", "--delay", "1h", *common)
+    assert result.returncode == 0, result.stderr
+    key = trace_key = result.stdout.strip().split("'")[1]
+    execution = await docket.get_execution(key)
+    assert execution is not None and execution.function_name == "trace"
+    assert execution.state is ExecutionState.SCHEDULED
+    assert execution.args == ("hello there",)
+    assert execution.when > datetime.now(UTC) + timedelta(minutes=59)
+
+    result = run_cli("tasks", "sleep", "0.01", *common)
+    assert result.returncode == 0, result.stderr
+    key = result.stdout.strip().split("'")[1]
+    await docket.cancel(trace_key)
+    with anyio.fail_after(10):
+        await Worker(docket, minimum_check_interval=timedelta(milliseconds=10)).run_until_finished()
+    execution = await docket.get_execution(key)
+    assert execution is not None and execution.state is ExecutionState.COMPLETED
+
+
+async def test_workers_for_task_lists_the_workers_that_run_it(
+    docket: Docket, docket_url: str
+) -> None:
+    from cli_tasks import record_pid
+
+    docket.register(record_pid)
+    common = ["--url", docket_url, "--docket", docket.name]
+    async with anyio.create_task_group() as group:
+        worker = Worker(docket, name="lister", minimum_check_interval=timedelta(milliseconds=10))
+        group.start_soon(worker.run_forever)
+        with anyio.fail_after(10):
+            while not await docket.workers():
+                await anyio.sleep(0.05)
+        known = await anyio.to_thread.run_sync(
+            run_cli, "workers", "for-task", "record_pid", *common
+        )
+        unknown = await anyio.to_thread.run_sync(run_cli, "workers", "for-task", "nothing", *common)
+        group.cancel_scope.cancel()
+    assert known.returncode == 0, known.stderr
+    assert "lister" in known.stdout
+    assert unknown.returncode == 0, unknown.stderr
+    assert "lister" not in unknown.stdout
+
+
+async def test_the_worker_answers_its_healthcheck(docket: Docket, docket_url: str) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    command = [
+        *(sys.executable, "-m", "docket_core", "worker", "--healthcheck-port", str(port)),
+        *("--url", docket_url, "--docket", docket.name, "--tasks", "cli_tasks:tasks"),
+    ]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/"
+
+    def get() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+        except OSError:
+            return 0, ""
+
+    try:
+        with anyio.fail_after(20):
+            while (answer := await anyio.to_thread.run_sync(get)) != (200, "ok\n"):
+                assert answer[0] in (0, 503), answer
+                await anyio.sleep(0.1)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
