@@ -15,12 +15,10 @@ over its variable.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import re
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
@@ -362,75 +360,35 @@ def _command_version(out: TextIO) -> int:
 
 
 def _command_worker(args: argparse.Namespace) -> int:
+    from functools import partial
+
     import anyio
 
-    from . import Docket, Worker
+    from . import Worker
 
     logging.basicConfig(
         level=getattr(logging, args.logging_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    tasks = _split_tasks(args.tasks)
-    fallback = None
-    if args.fallback_task:
-        module_name, _, attribute = args.fallback_task.partition(":")
-        fallback = getattr(importlib.import_module(module_name), attribute)
-
-    if args.metrics_port:
-        from .instrumentation import serve_metrics
-
-        serve_metrics(int(args.metrics_port))
-
-    async def run() -> None:
-        async with Docket(name=args.docket, url=args.url) as docket:
-            for collection in tasks:
-                docket.register_collection(collection)
-            async with Worker(
-                docket,
-                name=args.name,
-                concurrency=args.concurrency,
-                redelivery_timeout=args.redelivery_timeout,
-                reconnection_delay=args.reconnection_delay,
-                minimum_check_interval=args.minimum_check_interval,
-                scheduling_resolution=args.scheduling_resolution,
-                schedule_automatic_tasks=args.schedule_automatic_tasks,
-                fallback_task=fallback,
-            ) as worker:
-                running.set()
-                try:
-                    if args.until_finished:
-                        await worker.run_until_finished()
-                    else:
-                        await worker.run_forever()
-                finally:
-                    running.clear()
-
-    running = threading.Event()
-    if args.healthcheck_port:
-        serve_healthcheck(int(args.healthcheck_port), running.is_set)
+    run = partial(
+        Worker.run,
+        docket_name=args.docket,
+        url=args.url,
+        name=args.name,
+        concurrency=args.concurrency,
+        redelivery_timeout=args.redelivery_timeout,
+        reconnection_delay=args.reconnection_delay,
+        minimum_check_interval=args.minimum_check_interval,
+        scheduling_resolution=args.scheduling_resolution,
+        schedule_automatic_tasks=args.schedule_automatic_tasks,
+        until_finished=args.until_finished,
+        healthcheck_port=int(args.healthcheck_port) if args.healthcheck_port else None,
+        metrics_port=int(args.metrics_port) if args.metrics_port else None,
+        tasks=_split_tasks(args.tasks),
+        fallback_task=args.fallback_task or None,
+    )
     anyio.run(run)
     return 0
-
-
-def serve_healthcheck(port: int, healthy: Callable[[], bool], host: str = "0.0.0.0") -> None:
-    """Answer GET on ``port`` from a thread: 200 while ``healthy()``, else 503."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            ok = healthy()
-            body = b"ok\n" if ok else b"not running\n"
-            self.send_response(200 if ok else 503)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return None  # probes every few seconds would flood the log
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="docket-healthcheck", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:

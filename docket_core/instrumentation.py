@@ -19,6 +19,9 @@ Metrics:
   minus the scheduled time), in seconds;
 - ``docket_tasks_running``, the task functions each worker is running.
 
+``serve_healthcheck`` answers a liveness probe for ``docket worker
+--healthcheck-port`` and ``Worker.run``.
+
 Traces: spans ``docket.add``, ``docket.replace``, ``docket.cancel``,
 ``docket.strike``, ``docket.restore`` and ``docket.clear`` where the calls are
 made; one CONSUMER span per run, named after the task function and linked to
@@ -28,9 +31,11 @@ the span that scheduled it (its context travels with the task's arguments).
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics, propagate, trace
@@ -252,3 +257,29 @@ def serve_metrics(port: int, host: str = "0.0.0.0") -> None:
         ) from error
     start_http_server(port, addr=host)
     metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+
+
+def serve_healthcheck(
+    port: int | None, healthy: Callable[[], bool], host: str = "0.0.0.0"
+) -> ThreadingHTTPServer | None:
+    """Answer GET on ``port`` from a thread: 200 while ``healthy()``, else
+    503.  Returns the server (``shutdown()`` stops it), or None without a port."""
+    if not port:
+        return None
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = healthy()
+            body = b"ok\n" if ok else b"not running\n"
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None  # probes every few seconds would flood the log
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="docket-healthcheck", daemon=True).start()
+    return server

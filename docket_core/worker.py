@@ -11,6 +11,7 @@ stopping worker drains them instead of killing them.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import math
@@ -20,7 +21,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from functools import partial
 from types import TracebackType
@@ -119,6 +120,62 @@ class Worker:
         return len(self._scopes) if self._machine else 0
 
     # -- public run modes ----------------------------------------------------------
+
+    @classmethod
+    async def run(
+        cls,
+        docket_name: str = "docket",
+        url: str | None = None,
+        name: str | None = None,
+        concurrency: int = 10,
+        redelivery_timeout: timedelta = timedelta(minutes=5),
+        reconnection_delay: timedelta = timedelta(seconds=5),
+        minimum_check_interval: timedelta = timedelta(milliseconds=100),
+        scheduling_resolution: timedelta = timedelta(milliseconds=250),
+        schedule_automatic_tasks: bool = True,
+        until_finished: bool = False,
+        healthcheck_port: int | None = None,
+        metrics_port: int | None = None,
+        tasks: Sequence[str] = (),
+        fallback_task: str | None = None,
+    ) -> None:
+        """Open docket ``docket_name`` at ``url``, register the task
+        collections named in ``tasks`` (``"module:attribute"``; the built-in
+        tasks are always there), and run one worker on it until finished or
+        stopped, optionally serving a healthcheck and Prometheus metrics."""
+        fallback = None
+        if fallback_task:
+            module_name, _, attribute = fallback_task.partition(":")
+            fallback = getattr(importlib.import_module(module_name), attribute)
+        if metrics_port:
+            instrumentation.serve_metrics(metrics_port)
+        running = threading.Event()
+        health = instrumentation.serve_healthcheck(healthcheck_port, running.is_set)
+        try:
+            async with Docket(name=docket_name, url=url) as docket:
+                for collection in tasks:
+                    docket.register_collection(collection)
+                worker = cls(
+                    docket,
+                    name=name,
+                    concurrency=concurrency,
+                    redelivery_timeout=redelivery_timeout,
+                    reconnection_delay=reconnection_delay,
+                    minimum_check_interval=minimum_check_interval,
+                    scheduling_resolution=scheduling_resolution,
+                    schedule_automatic_tasks=schedule_automatic_tasks,
+                    fallback_task=fallback,
+                )
+                async with worker:
+                    running.set()
+                    if until_finished:
+                        await worker.run_until_finished()
+                    else:
+                        await worker.run_forever()
+        finally:
+            running.clear()
+            if health is not None:
+                await anyio.to_thread.run_sync(health.shutdown)
 
     async def run_forever(self) -> None:
         """Run until cancelled or sent SIGTERM/SIGINT; running tasks are drained."""

@@ -276,3 +276,28 @@ def test_table_aligns_columns() -> None:
         "---  ------",
         "xyz  1",
     ]
+
+
+@pytest.mark.anyio
+async def test_worker_run_opens_the_docket_and_registers_the_collections() -> None:
+    """pydocket's ``Worker.run``: what ``docket worker`` calls, usable in code."""
+    import uuid
+
+    from cli_tasks import record_pid
+
+    from docket_core import Docket, ExecutionState, Worker
+
+    url, name = f"memory://{uuid.uuid4().hex}", "run-classmethod"
+    async with Docket(name=name, url=url) as docket:
+        docket.register(record_pid)
+        execution = await docket.add(record_pid)(7)
+        await Worker.run(
+            docket_name=name,
+            url=url,
+            tasks=["cli_tasks:tasks"],
+            until_finished=True,
+            schedule_automatic_tasks=False,
+        )
+        stored = await docket.get_execution(execution.key)
+        assert stored is not None and stored.state is ExecutionState.COMPLETED
+        assert await execution.get_result() % 1000 == 7
