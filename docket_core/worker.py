@@ -126,23 +126,19 @@ class Worker:
         cls,
         docket_name: str = "docket",
         url: str | None = None,
-        name: str | None = None,
-        concurrency: int = 10,
-        redelivery_timeout: timedelta = timedelta(minutes=5),
-        reconnection_delay: timedelta = timedelta(seconds=5),
-        minimum_check_interval: timedelta = timedelta(milliseconds=100),
-        scheduling_resolution: timedelta = timedelta(milliseconds=250),
-        schedule_automatic_tasks: bool = True,
+        *,
         until_finished: bool = False,
         healthcheck_port: int | None = None,
         metrics_port: int | None = None,
         tasks: Sequence[str] = (),
         fallback_task: str | None = None,
+        **options: Any,
     ) -> None:
         """Open docket ``docket_name`` at ``url``, register the task
         collections named in ``tasks`` (``"module:attribute"``; the built-in
         tasks are always there), and run one worker on it until finished or
-        stopped, optionally serving a healthcheck and Prometheus metrics."""
+        stopped, optionally serving a healthcheck and Prometheus metrics.
+        ``options`` are the worker's own (``name``, ``concurrency``...)."""
         fallback = None
         if fallback_task:
             module_name, _, attribute = fallback_task.partition(":")
@@ -155,17 +151,7 @@ class Worker:
             async with Docket(name=docket_name, url=url) as docket:
                 for collection in tasks:
                     docket.register_collection(collection)
-                worker = cls(
-                    docket,
-                    name=name,
-                    concurrency=concurrency,
-                    redelivery_timeout=redelivery_timeout,
-                    reconnection_delay=reconnection_delay,
-                    minimum_check_interval=minimum_check_interval,
-                    scheduling_resolution=scheduling_resolution,
-                    schedule_automatic_tasks=schedule_automatic_tasks,
-                    fallback_task=fallback,
-                )
+                worker = cls(docket, fallback_task=fallback, **options)
                 async with worker:
                     running.set()
                     if until_finished:
