@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 import attrs
 
@@ -26,17 +26,24 @@ from .instrumentation import (
     trace_headers,
 )
 from .sansio.decisions import plan_add
-from .sansio.effects import Cancel
+from .sansio.effects import Cancel, Schedule
 from .sansio.errors import StoreError, UsageError
-from .sansio.inputs import Scheduled
-from .sansio.strikes import Operator, StrikeInstruction
+from .sansio.inputs import Outcome, Scheduled
+from .sansio.strikes import Operator, StrikeInstruction, StrikeList
 from .sansio.values import Disposition, ExecutionState, ScheduleMode
 from .serialization import dumps_call
+
+if TYPE_CHECKING:
+    from .batch import Batch
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 TaskFunction = Callable[..., Any]
+#: one add or replace: function, name, when, key, args, kwargs, mode
+Call = tuple[
+    TaskFunction, str, datetime | None, str | None, tuple[Any, ...], dict[str, Any], ScheduleMode
+]
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -186,7 +193,7 @@ class Docket:
         task, name = self._resolve(function)
 
         async def scheduler(*args: Any, **kwargs: Any) -> Execution:
-            return await self._schedule(task, name, when, key, args, kwargs, ScheduleMode.ADD)
+            return await self._schedule((task, name, when, key, args, kwargs, ScheduleMode.ADD))
 
         return scheduler
 
@@ -218,51 +225,69 @@ class Docket:
         task, name = self._resolve(function)
 
         async def scheduler(*args: Any, **kwargs: Any) -> Execution:
-            return await self._schedule(task, name, when, key, args, kwargs, ScheduleMode.REPLACE)
+            call = (task, name, when, key, args, kwargs, ScheduleMode.REPLACE)
+            return await self._schedule(call)
 
         return scheduler
 
-    async def _schedule(
-        self,
-        task: TaskFunction,
-        name: str,
-        when: datetime | None,
-        key: str | None,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        mode: ScheduleMode,
-    ) -> Execution:
+    async def _schedule(self, call: Call) -> Execution:
+        task, name, when, key, args, kwargs, mode = call
+        key = key or uuid7()  # now, so the span can name it
+        call = (task, name, when, key, args, kwargs, mode)
+        operation = "add" if mode is ScheduleMode.ADD else "replace"
+        attributes = {"docket.task": name, "docket.key": key}
+        with producer_span(operation, self.name, attributes) as span:
+            strikes = await self.adapter.strikes()
+            execution, effect = self._prepare(call, strikes, trace_headers(span))
+            if effect is None:
+                return execution
+            (outcome,) = await self.adapter.execute([effect])
+        self._settle(execution, outcome)
+        return execution
+
+    def _prepare(
+        self, call: Call, strikes: StrikeList, headers: dict[str, str] | None
+    ) -> tuple[Execution, Schedule | None]:
+        """The execution of a call and the effect that stores it (none when
+        the call is struck: the execution says so)."""
+        task, name, when, key, args, kwargs, mode = call
         now = time.time()
         at = now if when is None else to_timestamp(when)
         key = key or uuid7()
         execution = Execution(self, task, args, kwargs, key, to_datetime(at), function_name=name)
-        metering = instrumentation.metering()
-        labels = {"docket.name": self.name, "docket.task": name}
-        if metering:
+        if instrumentation.metering():
             counter = TASKS_ADDED if mode is ScheduleMode.ADD else TASKS_REPLACED
-            counter.add(1, labels)
-        operation = "add" if mode is ScheduleMode.ADD else "replace"
-        with producer_span(operation, self.name, {"docket.task": name, "docket.key": key}) as span:
-            strikes = await self.adapter.strikes()
-            if not strikes.empty and strikes.is_struck(name, bind_arguments(task, args, kwargs)):
-                execution.disposition = Disposition.STRUCK
-                execution.state = ExecutionState.CANCELLED
-                return execution
-            payload = dumps_call(name, args, kwargs, trace_headers(span))
-            effect = plan_add(key=key, function=name, payload=payload, when=at, mode=mode, now=now)
-            (outcome,) = await self.adapter.execute([effect])
+            counter.add(1, {"docket.name": self.name, "docket.task": name})
+        if not strikes.empty and strikes.is_struck(name, bind_arguments(task, args, kwargs)):
+            execution.disposition = Disposition.STRUCK
+            execution.state = ExecutionState.CANCELLED
+            return execution, None
+        payload = dumps_call(name, args, kwargs, headers)
+        effect = plan_add(key=key, function=name, payload=payload, when=at, mode=mode, now=now)
+        return execution, effect
+
+    def _settle(self, execution: Execution, outcome: Outcome) -> None:
+        """Tell ``execution`` what the store did with it."""
         if not isinstance(outcome, Scheduled):
             raise StoreError(f"the store answered {outcome!r} to a schedule")
         if outcome.accepted:
             execution.disposition = Disposition.SCHEDULED
             execution._generation = outcome.generation
-            if metering:
+            if instrumentation.metering():
+                labels = {"docket.name": self.name, "docket.task": execution.function_name}
                 TASKS_SCHEDULED.add(1, labels)
         else:
             execution.disposition = Disposition.ALREADY_SCHEDULED
         if outcome.state is not None:
             execution.state = outcome.state
-        return execution
+
+    def batch(self, chunk: int = 1000) -> Batch:
+        """``async with docket.batch() as batch: batch.add(fn)(...)``: adds and
+        replaces sent to the store together when the block ends (one round
+        trip per ``chunk`` calls); nothing is sent if the block raises."""
+        from .batch import Batch
+
+        return Batch(self, chunk=chunk)
 
     async def cancel(self, key: str) -> None:
         """Cancel ``key`` whatever its stage; a running task is interrupted."""

@@ -8,11 +8,12 @@ Automatic (perpetual) tasks are off in both, as there are none.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from _common import System, main, noop_body, sleep_body, timing_body
+from _common import LIMIT_KEYS, System, main, noop_body, sleep_body, timing_body
 
 from docket_core import ConcurrencyLimit, Docket, Worker
 
@@ -69,6 +70,16 @@ class DocketSystem(System):
             await self.docket.add(limited)(t, key)
         else:
             await self.docket.add(TASKS[kind])(t)
+
+    async def enqueue_many(self, kind: str, n: int) -> None:
+        """``Docket.batch()``: 1,000 calls per round trip."""
+        now = time.time()
+        async with self.docket.batch() as batch:
+            for i in range(n):
+                if kind == "limited":
+                    batch.add(limited)(now, i % LIMIT_KEYS)
+                else:
+                    batch.add(TASKS[kind])(now)
 
     async def schedule(self, due: float) -> None:
         await self.docket.add(timing, when=datetime.fromtimestamp(due, UTC))(due)

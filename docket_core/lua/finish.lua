@@ -1,12 +1,14 @@
--- Finish: ARGV = prefix, group, then one (id, key, generation, state, now, ttl,
--- error, has_result, result) group per delivery: a flush's consecutive
--- finishes go in one call.  For each: acknowledges the delivery; records the
--- outcome only if the generation is still current.  Returns one 1 (recorded)
--- or 0 per delivery.
+-- Finish: ARGV = prefix, group, then the fields of one or more deliveries
+-- packed into one argument (unpack_fields), 9 a delivery: id, key,
+-- generation, state, now, ttl, error, has_result, result.  A flush's
+-- consecutive finishes go in one call.  For each: acknowledges the delivery;
+-- records the outcome only if the generation is still current.  Returns one
+-- 1 (recorded) or 0 per delivery.
 local recorded = {}
-for i = 3, #ARGV, 9 do
-  local id, key, gen, state, now = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4]
-  local ttl, err, has_result, result = ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8]
+local f = unpack_fields(ARGV[3])
+for i = 1, #f, 9 do
+  local id, key, gen, state, now = f[i], f[i + 1], tonumber(f[i + 2]), f[i + 3], f[i + 4]
+  local ttl, err, has_result, result = f[i + 5], f[i + 6], f[i + 7], f[i + 8]
   acknowledge(id)
   local run = run_key(key)
   if tonumber(redis.call('HGET', run, 'g') or '-1') ~= gen then

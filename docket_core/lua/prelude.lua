@@ -7,6 +7,18 @@ local GROUP = ARGV[2]
 local Q = P .. ':q'
 local DUE = P .. ':due'
 
+-- the fields of a batch, sent as one argument: "<length>:<bytes>" each
+local function unpack_fields(blob)
+  local out, position, size = {}, 1, #blob
+  while position <= size do
+    local colon = string.find(blob, ':', position, true)
+    local length = tonumber(string.sub(blob, position, colon - 1))
+    out[#out + 1] = string.sub(blob, colon + 1, colon + length)
+    position = colon + length + 1
+  end
+  return out
+end
+
 local function run_key(key) return P .. ':run:' .. key end
 local function msg_key(key) return P .. ':msg:' .. key end
 local function prog_key(key) return P .. ':prog:' .. key end

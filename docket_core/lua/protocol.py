@@ -8,7 +8,7 @@ the shapes both clients return (bytes, ints, lists, ``None``).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -61,6 +61,11 @@ PROMOTE_LIMIT = "1000"
 def number(value: float) -> str:
     """A float as the exact decimal text scripts and scores take."""
     return repr(float(value))
+
+
+def number_bytes(value: float) -> bytes:
+    """``number`` as bytes."""
+    return b"%a" % float(value)
 
 
 def text(value: Any) -> str:
@@ -125,39 +130,85 @@ class Layout:
 # -- effects to calls ---------------------------------------------------------
 
 
-def finish_arguments(effect: Finish) -> list[str | bytes]:
-    """One delivery's group of arguments of the ``finish`` script."""
-    return [
-        effect.delivery_id,
-        effect.key,
-        str(effect.generation),
-        effect.state.value,
-        number(effect.now),
-        number(effect.ttl),
-        effect.error or "",
-        "0" if effect.result is None else "1",
+_NINE_FIELDS = b"%d:%b" * 9
+
+
+def pack_fields(
+    f0: bytes, f1: bytes, f2: bytes, f3: bytes, f4: bytes,
+    f5: bytes, f6: bytes, f7: bytes, f8: bytes,
+) -> bytes:  # fmt: skip
+    """Nine fields as ``<length>:<bytes>`` each (``unpack_fields`` in the
+    scripts): a batch costs the clients one argument to encode, not 9 an
+    effect.  Spelled out, as it runs once an effect (three times faster)."""
+    return _NINE_FIELDS % (
+        len(f0), f0, len(f1), f1, len(f2), f2, len(f3), f3, len(f4), f4,
+        len(f5), f5, len(f6), f6, len(f7), f7, len(f8), f8,
+    )  # fmt: skip
+
+
+def finish_fields(effect: StoreEffect) -> bytes:
+    """One delivery's fields for the ``finish`` script."""
+    assert isinstance(effect, Finish)
+    return pack_fields(
+        effect.delivery_id.encode(),
+        effect.key.encode(),
+        b"%d" % effect.generation,
+        effect.state.value.encode(),
+        number_bytes(effect.now),
+        number_bytes(effect.ttl),
+        (effect.error or "").encode(),
+        b"0" if effect.result is None else b"1",
         effect.result or b"",
-    ]
+    )
+
+
+def schedule_fields(effect: StoreEffect) -> bytes:
+    """One message's fields for the ``schedule`` script."""
+    assert isinstance(effect, Schedule)
+    m = effect.message
+    return pack_fields(
+        m.key.encode(),
+        m.function.encode(),
+        m.payload,
+        number_bytes(m.when),
+        b"%d" % m.attempt,
+        effect.mode.value.encode(),
+        number_bytes(effect.now),
+        (effect.acknowledge or "").encode(),
+        b"" if effect.expect_generation is None else b"%d" % effect.expect_generation,
+    )
+
+
+#: effects whose consecutive runs share one script call (it loops over the
+#: packed fields and answers one reply per effect): kind -> (script, fields)
+BATCHED: dict[type[StoreEffect], tuple[str, Callable[[StoreEffect], bytes]]] = {
+    Finish: ("finish", finish_fields),
+    Schedule: ("schedule", schedule_fields),
+}
 
 
 def calls_for(layout: Layout, effects: Sequence[StoreEffect]) -> list[tuple[ScriptCall, int]]:
     """The script calls that carry out ``effects``, in order, each with how
-    many effects it covers: consecutive finishes share one call."""
+    many effects it covers: consecutive finishes (or schedules) share one call."""
     calls: list[tuple[ScriptCall, int]] = []
-    run: list[str | bytes] = []
+    run: list[bytes] = []
+    run_kind: type[StoreEffect] | None = None
+    script = ""
     covered = 0
     for effect in effects:
-        if type(effect) is Finish:
-            assert isinstance(effect, Finish)
-            run += finish_arguments(effect)
-            covered += 1
-            continue
-        if covered:
-            calls.append((layout.call("finish", *run), covered))
+        kind = type(effect)
+        if covered and kind is not run_kind:
+            calls.append((layout.call(script, b"".join(run)), covered))
             run, covered = [], 0
-        calls.append((call_for(layout, effect), 1))
+        batched = BATCHED.get(kind)
+        if batched is None:
+            calls.append((call_for(layout, effect), 1))
+            continue
+        run_kind, (script, fields) = kind, batched
+        run.append(fields(effect))
+        covered += 1
     if covered:
-        calls.append((layout.call("finish", *run), covered))
+        calls.append((layout.call(script, b"".join(run)), covered))
     return calls
 
 
@@ -168,49 +219,30 @@ def outcomes_for(
     outcomes: list[Outcome] = []
     index = 0
     for (_, covered), reply in zip(calls, replies, strict=True):
-        if covered == 1 and type(effects[index]) is not Finish:
+        if type(effects[index]) not in BATCHED:
             outcomes.append(outcome_for(effects[index], reply))
         else:
             try:
-                flags = list(reply)
+                items = list(reply)
             except TypeError as error:
-                raise StoreError(f"unexpected reply {reply!r} to a finish") from error
-            if len(flags) != covered:
-                raise StoreError(f"a finish of {covered} deliveries answered {reply!r}")
-            for effect, flag in zip(effects[index : index + covered], flags, strict=True):
-                assert isinstance(effect, Finish)
-                outcomes.append(FinishDone(delivery_id=effect.delivery_id, recorded=int(flag) == 1))
+                raise StoreError(f"unexpected reply {reply!r} to {effects[index]!r}") from error
+            if len(items) != covered:
+                raise StoreError(f"a batch of {covered} effects answered {reply!r}")
+            for effect, item in zip(effects[index : index + covered], items, strict=True):
+                outcomes.append(outcome_for(effect, item))
         index += covered
     return outcomes
 
 
 def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
-    """The script call that carries out ``effect``."""
+    """The script call that carries out one effect that is not batched."""
     kind = type(effect)
-    if kind is Finish:
-        assert isinstance(effect, Finish)
-        return layout.call("finish", *finish_arguments(effect))
     if kind is Claim:
         assert isinstance(effect, Claim)
         items: list[str] = []
         for item in effect.items:
             items += [item.delivery_id, item.key, str(item.generation)]
         return layout.call("claim", effect.worker, number(effect.now), *items)
-    if kind is Schedule:
-        assert isinstance(effect, Schedule)
-        m = effect.message
-        return layout.call(
-            "schedule",
-            m.key,
-            m.function,
-            m.payload,
-            number(m.when),
-            str(m.attempt),
-            effect.mode.value,
-            number(effect.now),
-            effect.acknowledge or "",
-            "" if effect.expect_generation is None else str(effect.expect_generation),
-        )
     if kind is RenewLeases:
         assert isinstance(effect, RenewLeases)
         slots: list[str] = []
@@ -274,8 +306,7 @@ def outcome_for(effect: StoreEffect, reply: Any) -> Outcome:
     try:
         if kind is Finish:
             assert isinstance(effect, Finish)
-            (flag,) = reply
-            return FinishDone(delivery_id=effect.delivery_id, recorded=int(flag) == 1)
+            return FinishDone(delivery_id=effect.delivery_id, recorded=int(reply) == 1)
         if kind is Claim:
             assert isinstance(effect, Claim)
             verdicts = tuple(

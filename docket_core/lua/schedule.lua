@@ -1,35 +1,50 @@
--- Schedule: ARGV = prefix, group, key, function, payload, when, attempt, mode,
--- now, acknowledge, expect_generation.  Returns {accepted, generation, state}.
-local key, fn, payload, when, attempt = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local mode, now, ack, expect = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
-acknowledge(ack)
-local run = run_key(key)
-local record = redis.call('HMGET', run, 'state', 'g')
-local state, gen = record[1], tonumber(record[2] or '0')
-if expect ~= '' and (not state or gen ~= tonumber(expect)) then
-  return {0, '-1', ''}
+-- Schedule: ARGV = prefix, group, then the fields of one or more messages
+-- packed into one argument (unpack_fields), 9 a message: key, function,
+-- payload, when, attempt, mode, now, acknowledge, expect_generation.  The
+-- consecutive schedules of a flush (or a batch of adds) go in one call.
+-- Returns one {accepted, generation, state} per message.
+local before = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
+local replies = {}
+local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect)
+  acknowledge(ack)
+  local run = run_key(key)
+  local record = redis.call('HMGET', run, 'state', 'g')
+  local state, gen = record[1], tonumber(record[2] or '0')
+  if expect ~= '' and (not state or gen ~= tonumber(expect)) then
+    return {0, '-1', ''}
+  end
+  if mode == 'add' and state and LIVE[state] then
+    return {0, tostring(gen), state}
+  end
+  if state then
+    -- a record without a live message needs no unqueue (records of live keys
+    -- never expire), so a new key skips this part
+    unqueue(key)
+    redis.call('DEL', prog_key(key))
+    redis.call('HDEL', run, 'worker', 'started', 'completed', 'error', 'result')
+    redis.call('PERSIST', run)
+  end
+  gen = next_generation()
+  redis.call('HSET', run, 'f', fn, 'p', payload, 'w', when, 'a', attempt, 'g', gen)
+  if tonumber(when) <= tonumber(now) then
+    enqueue(key, fn, payload, when, attempt, gen)
+    return {1, tostring(gen), 'queued'}
+  end
+  redis.call('HSET', msg_key(key), 'k', key, 'f', fn, 'p', payload, 'w', when,
+             'a', attempt, 'g', gen)
+  redis.call('ZADD', DUE, when, key)
+  redis.call('HSET', run, 'state', 'scheduled')
+  publish(key, {type = 'state', state = 'scheduled', when = tonumber(when)})
+  return {1, tostring(gen), 'scheduled'}
 end
-if mode == 'add' and state and LIVE[state] then
-  return {0, tostring(gen), state}
+local f = unpack_fields(ARGV[3])
+for i = 1, #f, 9 do
+  replies[#replies + 1] = schedule(f[i], f[i + 1], f[i + 2], f[i + 3], f[i + 4], f[i + 5],
+                                   f[i + 6], f[i + 7], f[i + 8])
 end
-unqueue(key)
-gen = next_generation()
-redis.call('DEL', prog_key(key))
-redis.call('HDEL', run, 'worker', 'started', 'completed', 'error', 'result')
-redis.call('HSET', run, 'f', fn, 'p', payload, 'w', when, 'a', attempt, 'g', gen)
-redis.call('PERSIST', run)
-if tonumber(when) <= tonumber(now) then
-  enqueue(key, fn, payload, when, attempt, gen)
-  return {1, tostring(gen), 'queued'}
-end
-redis.call('HSET', msg_key(key), 'k', key, 'f', fn, 'p', payload, 'w', when,
-           'a', attempt, 'g', gen)
-redis.call('ZADD', DUE, when, key)
-redis.call('HSET', run, 'state', 'scheduled')
-publish(key, {type = 'state', state = 'scheduled', when = tonumber(when)})
--- the new soonest message: wake one blocked reader so it re-arms its timer
-local head = redis.call('ZRANGE', DUE, 0, 0)
-if head[1] == key then
+-- a new soonest message: wake one blocked reader so it re-arms its timer
+local after = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
+if after[1] and (not before[1] or after[1] ~= before[1] or after[2] ~= before[2]) then
   redis.call('XADD', Q, '*', 'wake', '1')
 end
-return {1, tostring(gen), 'scheduled'}
+return replies
