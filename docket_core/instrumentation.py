@@ -22,9 +22,9 @@ Metrics:
 ``serve_healthcheck`` answers a liveness probe for ``docket worker
 --healthcheck-port`` and ``Worker.run``.
 
-Traces: spans ``docket.add``, ``docket.replace``, ``docket.cancel``,
-``docket.strike``, ``docket.restore`` and ``docket.clear`` where the calls are
-made; one CONSUMER span per run, named after the task function and linked to
+Traces: spans ``docket.add``, ``docket.replace``, ``docket.batch``,
+``docket.cancel``, ``docket.strike``, ``docket.restore`` and ``docket.clear``
+where the calls are made; one CONSUMER span per run, named after the task function and linked to
 the span that scheduled it (its context travels with the task's arguments).
 """
 
