@@ -3,7 +3,8 @@
 -- payload, when, attempt, mode, now, acknowledge, expect_generation.  The
 -- consecutive schedules of a flush (or a batch of adds) go in one call.
 -- Returns one {accepted, generation, state} per message.
-local before = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
+-- the soonest due time before the first future message of this call, if any
+local before = false
 local replies = {}
 local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect)
   acknowledge(ack)
@@ -32,6 +33,7 @@ local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect)
   end
   redis.call('HSET', msg_key(key), 'k', key, 'f', fn, 'p', payload, 'w', when,
              'a', attempt, 'g', gen)
+  if not before then before = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES') end
   redis.call('ZADD', DUE, when, key)
   redis.call('HSET', run, 'state', 'scheduled')
   publish(key, {type = 'state', state = 'scheduled', when = tonumber(when)})
@@ -43,8 +45,10 @@ for i = 1, #f, 9 do
                                    f[i + 6], f[i + 7], f[i + 8])
 end
 -- a new soonest message: wake one blocked reader so it re-arms its timer
-local after = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
-if after[1] and (not before[1] or after[1] ~= before[1] or after[2] ~= before[2]) then
-  redis.call('XADD', Q, '*', 'wake', '1')
+if before then
+  local after = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
+  if after[1] and (not before[1] or after[1] ~= before[1] or after[2] ~= before[2]) then
+    redis.call('XADD', Q, '*', 'wake', '1')
+  end
 end
 return replies
