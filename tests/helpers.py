@@ -11,6 +11,9 @@ from typing import Any
 import anyio
 
 from docket_core import Docket, Execution, Worker
+from docket_core.sansio.effects import AcquireSlot, Claim, ClaimItem
+from docket_core.sansio.inputs import ClaimDone, ClaimVerdict
+from docket_core.sansio.values import Delivery
 
 Now = Callable[[], datetime]
 
@@ -52,3 +55,36 @@ async def loaded(docket: Docket, key: str) -> Execution:
     execution = await docket.get_execution(key)
     assert execution is not None
     return execution
+
+
+async def claim_as(docket: Docket, worker: str, count: int, now: float) -> list[Delivery]:
+    """Read up to ``count`` deliveries as ``worker`` and claim them, as a worker
+    that may then die holding them; returns them sorted by key."""
+    taken = await docket.adapter.read(
+        worker=worker, count=count, now=now, redelivery_timeout=60, block=0
+    )
+    deliveries = sorted(taken.deliveries, key=lambda d: d.message.key)
+    items = tuple(
+        ClaimItem(delivery_id=d.delivery_id, key=d.message.key, generation=d.message.generation)
+        for d in deliveries
+    )
+    (claimed,) = await docket.adapter.execute([Claim(worker=worker, items=items, now=now)])
+    assert isinstance(claimed, ClaimDone)
+    assert {v for _, v in claimed.verdicts} == {ClaimVerdict.CLAIMED}
+    return deliveries
+
+
+def acquisition(
+    delivery: Delivery, holder: str, limit_key: str, max_concurrent: int, **options: Any
+) -> AcquireSlot:
+    """The ``AcquireSlot`` a worker asks for a claimed delivery."""
+    options.setdefault("now", delivery.message.when)
+    options.setdefault("stale_after", 60.0)
+    return AcquireSlot(
+        limit_key=limit_key,
+        holder=holder,
+        max_concurrent=max_concurrent,
+        delivery_id=delivery.delivery_id,
+        message=delivery.message,
+        **options,
+    )

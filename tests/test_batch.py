@@ -9,11 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 import anyio
 import pytest
+from helpers import acquisition, claim_as
 
 from docket_core import Disposition, Docket, ExecutionState, UsageError, Worker
 from docket_core.lua.protocol import Layout, calls_for
 from docket_core.sansio.decisions import plan_add
 from docket_core.sansio.effects import Cancel, Finish
+from docket_core.sansio.inputs import SlotDone
 from docket_core.sansio.values import ScheduleMode
 
 pytestmark = pytest.mark.anyio
@@ -154,3 +156,35 @@ def test_consecutive_schedules_and_finishes_share_calls_in_order() -> None:
     (packed,) = calls[0][0].args[2:]
     assert isinstance(packed, bytes) and packed.startswith(b"1:a1:f0:")
     assert b"1:b1:f0:" in packed
+
+
+SERVER_BACKENDS = [
+    "redis-asyncio",
+    "valkey-asyncio",
+    "glide_valkey-asyncio",
+    "glide_valkey-trio",
+    "glide_redis-asyncio",
+]
+
+
+@pytest.mark.backends(*SERVER_BACKENDS)
+async def test_the_acquisitions_of_one_flush_share_one_call(docket: Docket) -> None:
+    """Three deliveries ask for a limit of 2 in one call: two take a slot, the
+    third is parked, each told so in order."""
+    for n in range(3):
+        await docket.add(double, key=f"k{n}")(n)
+    now = time.time()
+    deliveries = await claim_as(docket, "w", 3, now)
+    acquisitions = [
+        acquisition(d, f"w/{d.delivery_id}", "batched-limit", 2, now=now) for d in deliveries
+    ]
+    calls = calls_for(Layout(docket.name), acquisitions)
+    assert [(call.name, covered) for call, covered in calls] == [("acquire", 3)]
+    outcomes = await docket.adapter.execute(acquisitions)
+    assert outcomes == [
+        SlotDone(delivery_id=deliveries[0].delivery_id, acquired=True),
+        SlotDone(delivery_id=deliveries[1].delivery_id, acquired=True),
+        SlotDone(delivery_id=deliveries[2].delivery_id, acquired=False),
+    ]
+    parked = await docket.get_execution("k2")
+    assert parked is not None and parked.state is ExecutionState.SCHEDULED

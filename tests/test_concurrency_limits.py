@@ -18,6 +18,7 @@ import anyio
 import pytest
 import redis
 from anyio.abc import TaskGroup
+from helpers import acquisition, claim_as
 from servers import Server
 
 from docket_core import (
@@ -30,8 +31,7 @@ from docket_core import (
     Timeout,
     Worker,
 )
-from docket_core.sansio.effects import AcquireSlot, Claim, ClaimItem
-from docket_core.sansio.inputs import ClaimDone, ClaimVerdict, SlotDone
+from docket_core.sansio.inputs import SlotDone
 from docket_memory.shelf import Shelf
 from docket_memory.store import MemoryStore
 
@@ -338,28 +338,12 @@ async def test_a_stale_slot_of_a_scope_is_taken_over_from_another_docket(
     for docket in (crashed, survivor):
         docket.register(export)
     # a ghost worker of `crashed` claims its task, takes the slot, and dies
-    execution = await crashed.add(export, key="ghost-held")()
-    taken = await crashed.adapter.read(
-        worker="ghost", count=1, now=time.time(), redelivery_timeout=0.3, block=0
-    )
-    (delivery,) = taken.deliveries
+    await crashed.add(export, key="ghost-held")()
     now = time.time()
-    item = ClaimItem(
-        delivery_id=delivery.delivery_id, key=execution.key, generation=delivery.message.generation
-    )
-    (claimed,) = await crashed.adapter.execute([Claim(worker="ghost", items=(item,), now=now)])
-    assert isinstance(claimed, ClaimDone)
-    assert claimed.verdicts == ((delivery.delivery_id, ClaimVerdict.CLAIMED),)
-    acquire = AcquireSlot(
-        limit_key=f"{scope}:concurrency:export",
-        holder=f"{crashed.name}/ghost/{delivery.delivery_id}",
-        max_concurrent=1,
-        now=now,
-        stale_after=0.3,
-        delivery_id=delivery.delivery_id,
-        message=delivery.message,
-        scope=scope,
-    )
+    (delivery,) = await claim_as(crashed, "ghost", 1, now)
+    holder = f"{crashed.name}/ghost/{delivery.delivery_id}"
+    limit_key = f"{scope}:concurrency:export"
+    acquire = acquisition(delivery, holder, limit_key, 1, now=now, stale_after=0.3, scope=scope)
     (acquired,) = await crashed.adapter.execute([acquire])
     assert isinstance(acquired, SlotDone) and acquired.acquired
     died_at = time.monotonic()

@@ -146,7 +146,7 @@ def pack_fields(
     )  # fmt: skip
 
 
-def finish_fields(effect: StoreEffect) -> bytes:
+def finish_fields(layout: Layout, effect: StoreEffect) -> bytes:
     """One delivery's fields for the ``finish`` script."""
     assert isinstance(effect, Finish)
     return pack_fields(
@@ -162,7 +162,7 @@ def finish_fields(effect: StoreEffect) -> bytes:
     )
 
 
-def schedule_fields(effect: StoreEffect) -> bytes:
+def schedule_fields(layout: Layout, effect: StoreEffect) -> bytes:
     """One message's fields for the ``schedule`` script."""
     assert isinstance(effect, Schedule)
     m = effect.message
@@ -179,11 +179,30 @@ def schedule_fields(effect: StoreEffect) -> bytes:
     )
 
 
+def acquire_fields(layout: Layout, effect: StoreEffect) -> bytes:
+    """One acquisition's fields for the ``acquire`` script."""
+    assert isinstance(effect, AcquireSlot)
+    fields = (
+        effect.limit_key.encode(),
+        effect.holder.encode(),
+        b"%d" % effect.max_concurrent,
+        number_bytes(effect.now),
+        number_bytes(effect.stale_after),
+        b"%d" % int(max(effect.stale_after * 4, 60) * 1000),
+        effect.delivery_id.encode(),
+        effect.message.key.encode(),
+        b"%d" % effect.message.generation,
+        layout.namespace(effect.scope).encode(),
+    )
+    return b"".join([b"%d:%b" % (len(f), f) for f in fields])
+
+
 #: effects whose consecutive runs share one script call (it loops over the
 #: packed fields and answers one reply per effect): kind -> (script, fields)
-BATCHED: dict[type[StoreEffect], tuple[str, Callable[[StoreEffect], bytes]]] = {
+BATCHED: dict[type[StoreEffect], tuple[str, Callable[[Layout, StoreEffect], bytes]]] = {
     Finish: ("finish", finish_fields),
     Schedule: ("schedule", schedule_fields),
+    AcquireSlot: ("acquire", acquire_fields),
 }
 
 
@@ -205,7 +224,7 @@ def calls_for(layout: Layout, effects: Sequence[StoreEffect]) -> list[tuple[Scri
             calls.append((call_for(layout, effect), 1))
             continue
         run_kind, (script, fields) = kind, batched
-        run.append(fields(effect))
+        run.append(fields(layout, effect))
         covered += 1
     if covered:
         calls.append((layout.call(script, b"".join(run)), covered))
@@ -256,21 +275,6 @@ def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
             str(len(effect.delivery_ids)),
             *effect.delivery_ids,
             *slots,
-        )
-    if kind is AcquireSlot:
-        assert isinstance(effect, AcquireSlot)
-        return layout.call(
-            "acquire",
-            effect.limit_key,
-            effect.holder,
-            str(effect.max_concurrent),
-            number(effect.now),
-            number(effect.stale_after),
-            str(int(max(effect.stale_after * 4, 60) * 1000)),
-            effect.delivery_id,
-            effect.message.key,
-            str(effect.message.generation),
-            layout.namespace(effect.scope),
         )
     if kind is ReleaseSlot:
         assert isinstance(effect, ReleaseSlot)
