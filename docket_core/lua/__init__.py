@@ -33,7 +33,7 @@ tags, which a standalone server allows and a cluster does not.
 
 ======================  ======  ===================================================
 ``S:slots:<limit>``     zset    concurrency slot holder -> last renewal
-``S:wait:<limit>``      list    parked tasks, oldest first, as ``<#P>:<P><key>``
+``S:wait:<limit>``      list    parked tasks, oldest first: ``<#P>:<P><#key>:<key>``
 ``S:waiting``           set     limits that have parked tasks
 ``S:woken``             hash    limit -> when its last waiter was woken
 ======================  ======  ===================================================

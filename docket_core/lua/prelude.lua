@@ -26,13 +26,12 @@ local function prog_key(key) return P .. ':prog:' .. key end
 -- Concurrency slots and waiters live in a namespace S: the docket's own
 -- prefix, or "{scope}" for a limit whose scope dockets share.  A waiter entry
 -- names its docket's prefix too, since a release in one docket may wake a
--- task of another: "<#prefix>:<prefix><key>".
+-- task of another: the fields prefix and key, packed as a batch's are.
 local function wait_key(S, limit) return S .. ':wait:' .. limit end
-local function waiter(prefix, key) return #prefix .. ':' .. prefix .. key end
+local function waiter(prefix, key) return #prefix .. ':' .. prefix .. #key .. ':' .. key end
 local function waiter_of(entry)
-  local n, rest = string.match(entry, '^(%d+):(.*)$')
-  n = tonumber(n)
-  return string.sub(rest, 1, n), string.sub(rest, n + 1)
+  local fields = unpack_fields(entry)
+  return fields[1], fields[2]
 end
 
 -- p: the prefix of the docket the key belongs to (P unless given)
