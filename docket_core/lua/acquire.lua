@@ -1,9 +1,12 @@
 -- AcquireSlot: ARGV = prefix, group, then the fields of one or more
--- acquisitions packed into one argument (unpack_fields), 10 each: limit,
--- holder, max, now, stale_after, slot_ttl_ms, id, key, generation, namespace
--- (where the limit's slots live).  The consecutive acquisitions of a flush go
--- in one call.  Returns one 1 (acquired) or 0 (parked) per acquisition.
-local function acquire(limit, holder, max, now, stale_after, slot_ttl, id, key, gen, S)
+-- acquisitions packed into one argument (unpack_fields), 9 each: limit,
+-- holder, max, now, stale_after, id, key, generation, namespace (where the
+-- limit's slots live).  The consecutive acquisitions of a flush go in one
+-- call.  Returns one 1 (acquired) or 0 (parked) per acquisition.
+local function acquire(limit, holder, max, now, stale_after, id, key, gen, S)
+  -- a slot set outlives its holders' renewals by far (they renew every
+  -- stale_after / 4), and at least a minute
+  local slot_ttl = math.floor(math.max(stale_after * 4, 60) * 1000)
   local slots = S .. ':slots:' .. limit
   local function take()
     redis.call('ZADD', slots, now, holder)
@@ -36,9 +39,8 @@ local function acquire(limit, holder, max, now, stale_after, slot_ttl, id, key, 
 end
 local f = unpack_fields(ARGV[3])
 local acquired = {}
-for i = 1, #f, 10 do
+for i = 1, #f, 9 do
   acquired[#acquired + 1] = acquire(f[i], f[i + 1], tonumber(f[i + 2]), tonumber(f[i + 3]),
-                                    tonumber(f[i + 4]), f[i + 5], f[i + 6], f[i + 7], f[i + 8],
-                                    f[i + 9])
+                                    tonumber(f[i + 4]), f[i + 5], f[i + 6], f[i + 7], f[i + 8])
 end
 return acquired

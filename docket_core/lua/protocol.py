@@ -182,19 +182,17 @@ def schedule_fields(layout: Layout, effect: StoreEffect) -> bytes:
 def acquire_fields(layout: Layout, effect: StoreEffect) -> bytes:
     """One acquisition's fields for the ``acquire`` script."""
     assert isinstance(effect, AcquireSlot)
-    fields = (
+    return pack_fields(
         effect.limit_key.encode(),
         effect.holder.encode(),
         b"%d" % effect.max_concurrent,
         number_bytes(effect.now),
         number_bytes(effect.stale_after),
-        b"%d" % int(max(effect.stale_after * 4, 60) * 1000),
         effect.delivery_id.encode(),
         effect.message.key.encode(),
         b"%d" % effect.message.generation,
         layout.namespace(effect.scope).encode(),
     )
-    return b"".join([b"%d:%b" % (len(f), f) for f in fields])
 
 
 #: effects whose consecutive runs share one script call (it loops over the
