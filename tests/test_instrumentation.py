@@ -21,6 +21,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 
 from docket_core import Docket, ExecutionState, Retry, Worker
@@ -32,13 +33,41 @@ EXPORTER = InMemorySpanExporter()
 READER = InMemoryMetricReader()
 
 
+class Recording(Sampler):
+    """Samples every span while on; off, the later test modules (which share
+    this process's one provider) record none and keep none in memory."""
+
+    on = True
+
+    def should_sample(
+        self,
+        parent_context: Any,
+        trace_id: int,
+        name: str,
+        kind: Any = None,
+        attributes: Any = None,
+        links: Any = None,
+        trace_state: Any = None,
+    ) -> SamplingResult:
+        if not self.on:
+            return SamplingResult(Decision.DROP)
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+
+    def get_description(self) -> str:
+        return "Recording"
+
+
 @pytest.fixture(scope="module", autouse=True)
-def sdk() -> None:
+def sdk() -> Iterator[None]:
     """Install the SDK once: OpenTelemetry allows one provider per process."""
-    provider = TracerProvider()
+    sampler = Recording()
+    provider = TracerProvider(sampler=sampler)
     provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
     trace.set_tracer_provider(provider)
     metrics.set_meter_provider(MeterProvider(metric_readers=[READER]))
+    yield
+    sampler.on = False
+    EXPORTER.clear()
 
 
 @pytest.fixture(autouse=True)
