@@ -61,7 +61,20 @@ class StorageAdapter(Protocol):
 
     async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
         """Carry out ``effects`` in order, as few round trips as possible,
-        returning one outcome per effect.  Each effect is atomic on its own."""
+        returning one outcome per effect.  Each effect is atomic on its own.
+
+        Resends: an effect carrying a ``Request`` is remembered under its
+        origin and number; the same request sent again gets the first outcome
+        back and changes nothing, with two checks against what time changed
+        (``docket_core.sansio.effects``): a replayed acquisition that acquired
+        renews the slot to the resend's ``now``, or answers ``lost`` when the
+        slot was taken over; a replayed claim answers ``lost`` for a delivery
+        another worker holds by now.  The outcomes of an origin below its
+        ``floor`` may be forgotten, and all of them ``remember`` seconds after
+        its last remembered effect.  ``RenewLeases`` and ``Heartbeat`` need no
+        memory: running them again renews to the later ``now``.  A store that
+        fails raises ``StoreUnavailable`` (no reply: any effect may have run)
+        or ``StoreError`` (refused); the worker machine decides what follows."""
 
     async def read(
         self,

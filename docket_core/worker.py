@@ -20,6 +20,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
@@ -41,7 +42,9 @@ from .sansio.inputs import (
     CancelRequested,
     DeadlineExtended,
     Delivered,
+    ReplyLost,
     ShutdownRequested,
+    StoreFailed,
     TaskEnded,
     TaskOutcome,
     Tick,
@@ -193,6 +196,8 @@ class Worker:
             execution_ttl=self.docket.execution_ttl.total_seconds(),
             tasks=tuple(sorted(self.docket.tasks)),
             reseed_interval=RESEED_SECONDS if self.schedule_automatic_tasks else None,
+            origin=f"{self.name}#{uuid.uuid4().hex[:12]}",
+            retry_delay=self.reconnection_delay.total_seconds(),
         )
         machine = self._machine = WorkerMachine(config, time.time())
         instrumentation.watch(self)
@@ -368,7 +373,11 @@ class Worker:
                         assert isinstance(effect, StoreEffect)
                         store.append(effect)
                 if store:
-                    outcomes = await self._execute(store)
+                    try:
+                        outcomes = await self.docket.adapter.execute(store)
+                    except StoreError as error:
+                        self._store_failed(store, error)
+                        continue
                     machine.store_replied(store, outcomes, time.time())
                     self._capacity.set()
                     if len(self._calls) > len(machine.in_flight):
@@ -376,38 +385,27 @@ class Worker:
                         # superseded, parked, lost) leave their calls behind
                         for delivery_id in [d for d in self._calls if d not in machine.in_flight]:
                             del self._calls[delivery_id]
-            if machine.said_goodbye:
+            if machine.quiet:
                 self._finished.set()
                 return
 
-    async def _execute(self, effects: list[StoreEffect]) -> list[Any]:
-        """Carry out a batch, retrying while the store is away: every store
-        effect is safe to repeat, and dropping one could lose a task.  A batch
-        the store refuses outright (not a lost connection) is tried a few times,
-        then the worker stops with the error: its deliveries stay with the
-        store and go to another worker once their leases run out."""
-        refusals = 0
-        give_up_at: float | None = None
-        while True:
-            try:
-                return await self.docket.adapter.execute(effects)
-            except StoreUnavailable as error:
-                machine = self._machine
-                if machine is not None and not machine.accepting:
-                    # stopping: wait for the store at most one redelivery
-                    # timeout; what stays unacknowledged goes to another worker
-                    now = time.monotonic()
-                    give_up_at = give_up_at or now + self.redelivery_timeout.total_seconds()
-                    if now >= give_up_at:
-                        logger.error("stopping without the store: %s", error)
-                        raise
-                await self._store_trouble(error)
-            except StoreError as error:
-                refusals += 1
-                if refusals >= 3:
-                    logger.error("the store refused a batch three times: %s", error)
-                    raise
-                await self._store_trouble(error)
+    def _store_failed(self, effects: list[StoreEffect], error: StoreError) -> None:
+        """Tell the machine a batch failed: it decides when to send it again,
+        when to give it up, and when the worker must stop."""
+        machine = self._machine
+        assert machine is not None
+        failure = ReplyLost if isinstance(error, StoreUnavailable) else StoreFailed
+        machine.receive(failure(effects=tuple(effects), now=time.time(), reason=str(error)))
+        self._rearm.set()
+        if machine.fatal is not None:
+            logger.error("stopping: %s", machine.fatal)
+            raise StoreError(machine.fatal) from error
+        logger.warning(
+            "store unavailable (%s); sending %d effects again in %s",
+            error,
+            len(effects),
+            self.reconnection_delay,
+        )
 
     def _run_effect(self, effect: RuntimeEffect) -> None:
         if isinstance(effect, StartTask):

@@ -115,6 +115,15 @@ class Pool:
                     self.wake(limit_key, now)
 
 
+@attrs.define(slots=True, kw_only=True)
+class Memo:
+    """The outcomes of one origin's requests, kept for its resends."""
+
+    floor: int = 0
+    outcomes: dict[int, Any] = attrs.field(factory=dict)
+    expires: float = 0.0
+
+
 @attrs.define(slots=True, eq=False)
 class Shelf:
     #: the docket's name: the scope of its limits that name none
@@ -138,6 +147,8 @@ class Shelf:
     cancel_listeners: set[MemoryObjectSendStream[tuple[str, int]]] = attrs.field(factory=set)
     waiting: list[anyio.Event] = attrs.field(factory=list)
     ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
+    #: origin -> the outcomes of its requests (``docket_core.sansio.effects.Request``)
+    memos: dict[str, Memo] = attrs.field(factory=dict)
 
     def pool(self, scope: str | None = None) -> Pool:
         """The pool of ``scope`` (``None``: this docket's own)."""

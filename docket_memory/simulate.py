@@ -3,8 +3,9 @@
 Random workloads (adds, replaces, cancels, retries, concurrency limits) run on
 several simulated workers of two dockets, which share one scoped limit and
 each have limits of their own, while faults strike: worker crashes, effect batches
-lost with their worker, deliveries handed to a worker late, clock skew between
-workers, clock jumps.  After every step the invariants are checked; at the end
+lost with their worker, batches whose reply is lost (run by the store or not;
+the worker machine sends them again), deliveries handed to a worker late,
+clock skew between workers, clock jumps.  After every step the invariants are checked; at the end
 faults stop, the clock runs on until everything is quiet, and no task may be
 lost.  Everything comes from one seed, so a failure replays exactly:
 
@@ -16,7 +17,8 @@ Invariants checked:
   both dockets, for the limit they share);
 - a slot is released only by its holder (or after a takeover of a stale slot);
 - a delivery whose lease is valid is never handed to a second worker;
-- the same generation of a key never runs on two live workers at once;
+- the same generation of a key never runs on two live workers at once, and
+  while it runs it neither waits behind a limit nor is queued again;
 - nothing is lost: once quiet, every accepted add ended (completed, failed or
   cancelled) or was superseded by a later accepted add of the same key, and
   the store holds no messages, slots or waiters.
@@ -35,6 +37,7 @@ import attrs
 
 from docket_core.sansio.decisions import plan_add
 from docket_core.sansio.effects import (
+    AcquireSlot,
     Cancel,
     CancelTask,
     Effect,
@@ -46,11 +49,13 @@ from docket_core.sansio.inputs import (
     Arrival,
     CancelRequested,
     Delivered,
+    ReplyLost,
     Scheduled,
     TaskEnded,
     TaskOutcome,
     Tick,
 )
+from docket_core.sansio.lifecycle import Phase
 from docket_core.sansio.values import (
     ConcurrencyPolicy,
     Delivery,
@@ -102,7 +107,9 @@ class SimWorker:
 
 
 class Simulation:
-    def __init__(self, seed: int, *, workers: int = 3, keys: int = 12) -> None:
+    def __init__(
+        self, seed: int, *, workers: int = 3, keys: int = 12, remember_outcomes: bool = True
+    ) -> None:
         self.rng = random.Random(seed)
         self.now = 1_000_000.0
         #: one pool per scope, shared by the dockets' shelves
@@ -111,7 +118,12 @@ class Simulation:
         self.stores = {
             name: MemoryStore(name=name, shelf=shelf) for name, shelf in self.shelves.items()
         }
+        for store in self.stores.values():
+            store.remember_outcomes = remember_outcomes
         self.shelf, self.store = self.shelves[DOCKETS[0]], self.stores[DOCKETS[0]]
+        #: (origin, seq) of every request sent to a store: a resend is not a
+        #: second release
+        self.sent: set[tuple[str, int]] = set()
         self.keys = [f"key-{i}" for i in range(keys)]
         self.policies: dict[str, TaskPolicy] = {}
         self.workers: list[SimWorker] = []
@@ -135,6 +147,8 @@ class Simulation:
             redelivery_timeout=REDELIVERY_TIMEOUT,
             heartbeat_interval=2.0,
             execution_ttl=RECORD_TTL,
+            origin=f"w{self.serial}#sim",
+            retry_delay=self.rng.choice([0.05, 0.5, 2.0]),
         )
         skew = self.rng.uniform(-0.5, 0.5)
         worker = SimWorker(config.name, docket, WorkerMachine(config, self.now + skew), skew)
@@ -180,11 +194,21 @@ class Simulation:
             if lose:
                 self.crash(worker)  # the batch never reached the store
                 return
-            for effect in store:
-                if isinstance(effect, ReleaseSlot):
-                    self.check_release(worker, effect)
-            outcomes = drive(self.stores[worker.docket].execute(store))
-            machine.store_replied(store, outcomes, self.clock(worker))
+            # the reply is lost: after the store ran the batch, or before
+            # (most often for acquisitions: a lost "parked" is the costly case)
+            odds = 0.25 if any(isinstance(e, AcquireSlot) for e in store) else 0.03
+            reply_lost = self.faults and self.rng.random() < odds
+            if not reply_lost or self.rng.random() < 0.7:
+                for effect in store:
+                    if isinstance(effect, ReleaseSlot):
+                        self.check_release(worker, effect)
+                outcomes = drive(self.stores[worker.docket].execute(store))
+            if reply_lost:
+                machine.receive(
+                    ReplyLost(effects=tuple(store), now=self.clock(worker), reason="simulated")
+                )
+            else:
+                machine.store_replied(store, outcomes, self.clock(worker))
             self.check()
 
     def runtime_effect(self, worker: SimWorker, effect: Effect) -> None:
@@ -278,6 +302,11 @@ class Simulation:
     # -- invariants --------------------------------------------------------------------
 
     def check_release(self, worker: SimWorker, effect: ReleaseSlot) -> None:
+        if effect.request is not None:
+            ident = (effect.request.origin, effect.request.seq)
+            if ident in self.sent:
+                return  # a resend: the store answers it without acting
+            self.sent.add(ident)
         pool = self.shelves[worker.docket].pool(effect.scope)
         slots = pool.slots.get(effect.limit_key, {})
         if effect.holder not in slots and effect.holder not in self.evicted:
@@ -285,19 +314,39 @@ class Simulation:
                 f"{effect.holder} released a slot of {effect.limit_key} it does not hold"
             )
 
+    def check_no_second_copy(self, docket: str, key: str, generation: int) -> None:
+        """A running generation is neither waiting behind a limit nor queued
+        again: either would become a second run of it."""
+        shelf = self.shelves[docket]
+        parked = shelf.parked.get(key)
+        if parked is not None:
+            pool, limit_key = parked
+            for waiter in pool.waiters.get(limit_key, ()):
+                if waiter.shelf is shelf and waiter.message.generation == generation:
+                    raise InvariantViolated(
+                        f"{key} of {docket} runs while it waits behind a limit"
+                    )
+        queued = shelf.ready.get(shelf.ready_ids.get(key, ""))
+        if queued is not None and queued.generation == generation:
+            raise InvariantViolated(f"{key} of {docket} runs while it is queued again")
+
     def check(self) -> None:
         running_by_limit: dict[tuple[str, str], int] = {}
         running_generations: set[tuple[str, str, int]] = set()
         for worker in self.live():
-            for delivery_id in worker.running:
+            for delivery_id, (end, outcome) in worker.running.items():
                 flight = worker.machine.in_flight.get(delivery_id)
                 if flight is None:
                     continue
+                if outcome is TaskOutcome.CANCELLED and end <= self.clock(worker):
+                    continue  # cancelled at this instant: it stops before anything else
                 message = flight.message
                 ident = (worker.docket, message.key, message.generation)
                 if ident in running_generations:
                     raise InvariantViolated(f"{ident} runs on two live workers at once")
                 running_generations.add(ident)
+                if flight.phase is Phase.RUNNING:
+                    self.check_no_second_copy(worker.docket, message.key, message.generation)
                 limit = self.policy_for(message.key).concurrency
                 if limit is not None and flight.slot is not None:
                     where = (limit.scope or worker.docket, limit.limit_key)
@@ -308,7 +357,8 @@ class Simulation:
                             f"{count} tasks run under {limit.limit_key} "
                             f"(max {limit.max_concurrent})"
                         )
-                elif limit is not None:
+                elif limit is not None and flight.phase is not Phase.ABANDONING:
+                    # (an abandoned run, its slot lost or given up, is being stopped)
                     raise InvariantViolated(f"{message.key} runs without its slot")
         # remember holders whose stale slots may be taken over
         cutoff = self.now - REDELIVERY_TIMEOUT + 1.0
@@ -391,8 +441,8 @@ class Simulation:
                 raise InvariantViolated(f"{key} of {docket} ended {record.state}")
 
 
-def simulate(seed: int, steps: int) -> Simulation:
-    simulation = Simulation(seed)
+def simulate(seed: int, steps: int, *, remember_outcomes: bool = True) -> Simulation:
+    simulation = Simulation(seed, remember_outcomes=remember_outcomes)
     for _ in range(steps):
         simulation.step()
     simulation.settle()

@@ -24,6 +24,7 @@ from docket_core.sansio.effects import (
     Heartbeat,
     ReleaseSlot,
     RenewLeases,
+    Request,
     Schedule,
     StoreEffect,
 )
@@ -53,7 +54,7 @@ from docket_core.sansio.values import (
     WorkerRecord,
 )
 
-from .shelf import Pool, Shelf, state_event
+from .shelf import Memo, Pool, Shelf, state_event
 
 _SHELVES: dict[tuple[str, str], Shelf] = {}
 #: location -> scope -> pool: the concurrency limits the dockets of a location share
@@ -90,45 +91,80 @@ class MemoryStore:
 
     # -- effects -------------------------------------------------------------
 
+    #: when false, resends act again (for tests that show why they must not)
+    remember_outcomes = True
+
     async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
-        shelf = self.shelf
         outcomes: list[Outcome] = []
         for effect in effects:
-            kind = type(effect)
-            if kind is Finish:
-                assert isinstance(effect, Finish)
-                outcomes.append(self._finish(effect))
-            elif kind is Claim:
-                assert isinstance(effect, Claim)
-                outcomes.append(self._claim(effect))
-            elif kind is Schedule:
-                assert isinstance(effect, Schedule)
-                outcomes.append(self._schedule(effect))
-            elif kind is RenewLeases:
-                assert isinstance(effect, RenewLeases)
-                outcomes.append(self._renew(effect))
-            elif kind is AcquireSlot:
-                assert isinstance(effect, AcquireSlot)
-                outcomes.append(self._acquire(effect))
-            elif kind is ReleaseSlot:
-                assert isinstance(effect, ReleaseSlot)
-                outcomes.append(self._release(effect))
-            elif kind is Cancel:
-                assert isinstance(effect, Cancel)
-                outcomes.append(self._cancel(effect))
-            elif kind is Heartbeat:
-                assert isinstance(effect, Heartbeat)
-                if effect.leaving:
-                    shelf.workers.pop(effect.worker, None)
-                else:
-                    shelf.workers[effect.worker] = WorkerRecord(
-                        name=effect.worker, last_seen=effect.now, tasks=frozenset(effect.tasks)
-                    )
-                outcomes.append(HeartbeatDone())
-            else:
-                raise TypeError(f"the memory store cannot carry out {effect!r}")
-        shelf.expire(max((getattr(e, "now", 0.0) for e in effects), default=0.0))
+            request: Request | None = getattr(effect, "request", None)
+            if request is None or not self.remember_outcomes:
+                outcomes.append(self._carry_out(effect))
+                continue
+            now: float = getattr(effect, "now")  # noqa: B009 (every remembered effect has one)
+            memo = self._memo(request, now)
+            first = memo.outcomes.get(request.seq)
+            if first is not None:
+                outcomes.append(self._replay(effect, first, now))
+                continue
+            outcome = self._carry_out(effect)
+            memo.outcomes[request.seq] = outcome
+            outcomes.append(outcome)
+        self.shelf.expire(max((getattr(e, "now", 0.0) for e in effects), default=0.0))
         return outcomes
+
+    def _memo(self, request: Request, now: float) -> Memo:
+        """The origin's memo, pruned below its floor and kept ``remember`` on."""
+        memos = self.shelf.memos
+        memo = memos.get(request.origin)
+        if memo is None or memo.expires <= now:
+            memo = memos[request.origin] = Memo(floor=request.floor)
+        if request.floor > memo.floor:
+            for seq in [s for s in memo.outcomes if s < request.floor]:
+                del memo.outcomes[seq]
+            memo.floor = request.floor
+        memo.expires = now + request.remember
+        return memo
+
+    def _replay(self, effect: StoreEffect, first: Outcome, now: float) -> Outcome:
+        """The first outcome of a resent effect, checked against what time may
+        have changed since: a claimed delivery another worker holds now is
+        lost; an acquired slot is renewed to ``now``, or lost if taken over."""
+        shelf = self.shelf
+        if isinstance(effect, Claim) and isinstance(first, ClaimDone):
+            verdicts = []
+            for delivery_id, verdict in first.verdicts:
+                held = shelf.held.get(delivery_id)
+                if verdict is ClaimVerdict.CLAIMED:
+                    if held is None or held.worker != effect.worker:
+                        verdict = ClaimVerdict.LOST
+                    else:
+                        held.renewed_at = now
+                verdicts.append((delivery_id, verdict))
+            return ClaimDone(verdicts=tuple(verdicts))
+        if isinstance(effect, AcquireSlot) and isinstance(first, SlotDone) and first.acquired:
+            slots = shelf.pool(effect.scope).slots.get(effect.limit_key)
+            if slots is None or effect.holder not in slots:
+                return SlotDone(delivery_id=effect.delivery_id, acquired=False, lost=True)
+            slots[effect.holder] = now
+        return first
+
+    def _carry_out(self, effect: StoreEffect) -> Outcome:
+        name = _HANDLERS.get(type(effect))
+        if name is None:
+            raise TypeError(f"the memory store cannot carry out {effect!r}")
+        outcome: Outcome = getattr(self, name)(effect)
+        return outcome
+
+    def _heartbeat(self, effect: Heartbeat) -> HeartbeatDone:
+        workers = self.shelf.workers
+        if effect.leaving:
+            workers.pop(effect.worker, None)
+        else:
+            workers[effect.worker] = WorkerRecord(
+                name=effect.worker, last_seen=effect.now, tasks=frozenset(effect.tasks)
+            )
+        return HeartbeatDone()
 
     def _schedule(self, effect: Schedule) -> Scheduled:
         shelf = self.shelf
@@ -424,3 +460,16 @@ class MemoryStore:
         for key in keys:
             self._cancel(Cancel(key=key, now=now, ttl=ttl))
         return len(keys)
+
+
+#: effect type -> the name of the method that carries it out
+_HANDLERS: dict[type[StoreEffect], str] = {
+    Finish: "_finish",
+    Claim: "_claim",
+    Schedule: "_schedule",
+    RenewLeases: "_renew",
+    AcquireSlot: "_acquire",
+    ReleaseSlot: "_release",
+    Cancel: "_cancel",
+    Heartbeat: "_heartbeat",
+}

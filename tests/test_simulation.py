@@ -32,10 +32,10 @@ def test_the_command_reports_steps_per_second(capsys: pytest.CaptureFixture[str]
     assert "steps/s" in out
 
 
-def _run_until_violation(seeds: range, steps: int) -> str:
+def _run_until_violation(seeds: range, steps: int, remember_outcomes: bool = True) -> str:
     for seed in seeds:
         try:
-            simulate.simulate(seed, steps)
+            simulate.simulate(seed, steps, remember_outcomes=remember_outcomes)
         except InvariantViolated as violation:
             return str(violation)
     return ""
@@ -111,3 +111,30 @@ def test_a_store_that_keeps_a_shared_scope_per_docket_is_caught(
 
     monkeypatch.setattr(Shelf, "pool", own_pool_only)
     assert "tasks run under" in _run_until_violation(range(5), 3000)
+
+
+def test_a_store_that_acts_again_on_a_resend_is_caught() -> None:
+    """The chaos run's failure: a resent acquisition whose first send parked
+    takes a freed slot, so the task runs while it also waits (or is queued
+    again) for a second run."""
+    violation = _run_until_violation(range(60), 3000, remember_outcomes=False)
+    assert "runs while it" in violation
+
+
+def test_a_machine_that_resends_its_first_now_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the fix the runtime resent a batch as it was: with the first
+    send's ``now``, and with a store that acts again."""
+
+    def resend_as_sent(self: WorkerMachine, now: float) -> None:
+        self._effects = [*self._failed, *self._effects]
+        self._failed = []
+        self._resend_at = None
+
+    monkeypatch.setattr(WorkerMachine, "_resend", resend_as_sent)
+    assert "runs while it" in _run_until_violation(range(60), 3000, remember_outcomes=False)
+
+
+def test_lost_replies_are_resent_in_the_simulation() -> None:
+    simulation = simulate.simulate(1, 3000)
+    counters = [w.machine.counters for w in simulation.workers]
+    assert sum(c["store_errors"] for c in counters) > 0

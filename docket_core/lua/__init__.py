@@ -21,6 +21,8 @@ sub-namespaces, so no task key can collide with an internal key):
 ``P:workers``           zset    worker -> last heartbeat
 ``P:worker-tasks:<w>``  string  JSON list of a worker's task names (expires)
 ``P:strikes``           stream  strike and restore instructions, in order
+``P:did:<origin>``      hash    outcomes of a worker's requests, for resends
+                                (``_floor`` and request number -> JSON outcome)
 ``P:events:<key>``      pubsub  state and progress events of a task key
 ``P:cancel``            pubsub  keys being cancelled, for workers
 ======================  ======  ===================================================
@@ -41,7 +43,9 @@ tags, which a standalone server allows and a cluster does not.
 A parked record carries ``parked`` (the limit) and ``pin`` (its ``S``).
 Permanent keys (no TTL while the docket is in use): ``P:q``, ``P:due``,
 ``P:parked``, ``P:pools``, ``S:waiting``, ``P:workers``, ``P:strikes``,
-``P:generation``.  A record (``P:run:<key>``) has no TTL while its key is live
+``P:generation``.  ``P:did:<origin>`` expires ``remember`` after its
+worker's last remembered call, and holds only the outcomes whose replies the
+worker may not have had.  A record (``P:run:<key>``) has no TTL while its key is live
 and ``execution_ttl`` once it ended; every other key is deleted when emptied or
 carries a TTL.
 """

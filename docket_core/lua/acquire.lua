@@ -1,8 +1,11 @@
--- AcquireSlot: ARGV = prefix, group, then the fields of one or more
--- acquisitions packed into one argument (unpack_fields), 9 each: limit,
+-- AcquireSlot: ARGV = prefix, group, memo header, then the fields of one or
+-- more acquisitions packed into one argument (unpack_fields), 10 each: limit,
 -- holder, max, now, stale_after, id, key, generation, namespace (where the
--- limit's slots live).  The consecutive acquisitions of a flush go in one
--- call.  Returns one 1 (acquired) or 0 (parked) per acquisition.
+-- limit's slots live), request number.  The consecutive acquisitions of a
+-- flush go in one call.  Returns one 1 (acquired) or 0 (parked) per
+-- acquisition; a resend answers its first outcome, except that an acquired
+-- slot is renewed to the resend's now, or answers 2 (lost) if it was taken
+-- over meanwhile.
 local function acquire(limit, holder, max, now, stale_after, id, key, gen, S)
   -- a slot set outlives its holders' renewals by far (they renew every
   -- stale_after / 4), and at least a minute
@@ -37,10 +40,25 @@ local function acquire(limit, holder, max, now, stale_after, id, key, gen, S)
   end
   return 0
 end
-local f = unpack_fields(ARGV[3])
+local function replay(first, limit, holder, now, S)
+  if first ~= 1 then return first end
+  local slots = S .. ':slots:' .. limit
+  if not redis.call('ZSCORE', slots, holder) then return 2 end
+  redis.call('ZADD', slots, now, holder)
+  return 1
+end
+local f = unpack_fields(ARGV[4])
+if #f % 10 ~= 0 then error('docket: acquire takes 10 fields an acquisition') end
+open_memo(ARGV[3])
 local acquired = {}
-for i = 1, #f, 9 do
-  acquired[#acquired + 1] = acquire(f[i], f[i + 1], tonumber(f[i + 2]), tonumber(f[i + 3]),
-                                    tonumber(f[i + 4]), f[i + 5], f[i + 6], f[i + 7], f[i + 8])
+for i = 1, #f, 10 do
+  local first = recall(f[i + 9])
+  if first then
+    acquired[#acquired + 1] = replay(first, f[i], f[i + 1], tonumber(f[i + 3]), f[i + 8])
+  else
+    acquired[#acquired + 1] = remember(f[i + 9], acquire(
+      f[i], f[i + 1], tonumber(f[i + 2]), tonumber(f[i + 3]), tonumber(f[i + 4]), f[i + 5],
+      f[i + 6], f[i + 7], f[i + 8]))
+  end
 end
 return acquired

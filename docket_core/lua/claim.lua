@@ -1,8 +1,27 @@
--- Claim: ARGV = prefix, group, worker, now, then (id, key, generation) triples.
--- Returns one verdict per item: claimed, superseded, cancelled or lost.
-local worker, now = ARGV[3], ARGV[4]
+-- Claim: ARGV = prefix, group, memo header, request number, worker, now, then
+-- (id, key, generation) triples.  Returns one verdict per item: claimed,
+-- superseded, cancelled or lost.  A resend answers its first verdicts, except
+-- that a claimed delivery another worker holds by now is lost (and one still
+-- held has its lease renewed to the resend's now).
+local seq, worker, now = ARGV[4], ARGV[5], ARGV[6]
+if (#ARGV - 6) % 3 ~= 0 then error('docket: claim takes (id, key, generation) triples') end
+open_memo(ARGV[3])
+local first = recall(seq)
+if first then
+  for i, verdict in ipairs(first) do
+    if verdict == 'claimed' then
+      local id = ARGV[4 + 3 * i]
+      if holder_of(id) ~= worker then
+        first[i] = 'lost'
+      else
+        redis.call('XCLAIM', Q, GROUP, worker, 0, id, 'JUSTID')
+      end
+    end
+  end
+  return first
+end
 local verdicts = {}
-for i = 5, #ARGV, 3 do
+for i = 7, #ARGV, 3 do
   local id, key, gen = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local verdict
   if holder_of(id) ~= worker then
@@ -32,4 +51,4 @@ for i = 5, #ARGV, 3 do
   end
   verdicts[#verdicts + 1] = verdict
 end
-return verdicts
+return remember(seq, verdicts)

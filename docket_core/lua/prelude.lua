@@ -19,6 +19,47 @@ local function unpack_fields(blob)
   return out
 end
 
+-- Outcomes kept for resends (docket_core.sansio.effects.Request).  A script
+-- that remembers takes ARGV[3] = "<floor>:<remember_ms>:<origin>" ('' for an
+-- effect nobody resends), and each effect's request number with its fields.
+-- The hash P:did:<origin> maps request numbers to JSON outcomes; numbers
+-- below the floor (their replies arrived) are dropped, and the whole hash
+-- expires remember_ms after the origin's last remembered call.
+local MEMO = false
+local function open_memo(header)
+  if header == '' then return end
+  local floor, ttl, origin = string.match(header, '^(%d+):(%d+):(.+)$')
+  if not floor then error('docket: malformed memo header ' .. header) end
+  floor = tonumber(floor)
+  MEMO = P .. ':did:' .. origin
+  local old = tonumber(redis.call('HGET', MEMO, '_floor') or floor)
+  if floor - old > 10000 then
+    redis.call('DEL', MEMO)
+  elseif old < floor then
+    local dead = {}
+    for seq = old, floor - 1 do
+      dead[#dead + 1] = seq
+      if #dead == 500 or seq == floor - 1 then
+        redis.call('HDEL', MEMO, unpack(dead))
+        dead = {}
+      end
+    end
+  end
+  redis.call('HSET', MEMO, '_floor', floor)
+  redis.call('PEXPIRE', MEMO, ttl)
+end
+-- the first outcome of request seq, or nil
+local function recall(seq)
+  if not MEMO or seq == '' then return nil end
+  local first = redis.call('HGET', MEMO, seq)
+  if first then return cjson.decode(first) end
+  return nil
+end
+local function remember(seq, outcome)
+  if MEMO and seq ~= '' then redis.call('HSET', MEMO, seq, cjson.encode(outcome)) end
+  return outcome
+end
+
 local function run_key(key) return P .. ':run:' .. key end
 local function msg_key(key) return P .. ':msg:' .. key end
 local function prog_key(key) return P .. ':prog:' .. key end

@@ -22,6 +22,7 @@ from ..sansio.effects import (
     Heartbeat,
     ReleaseSlot,
     RenewLeases,
+    Request,
     Schedule,
     StoreEffect,
 )
@@ -126,23 +127,44 @@ class Layout:
     def call(self, name: str, *args: str | bytes) -> ScriptCall:
         return ScriptCall(name=name, keys=(self.stream, self.due), args=(self.prefix, GROUP, *args))
 
+    def remembered_call(
+        self, name: str, request: Request | None, *args: str | bytes
+    ) -> ScriptCall:
+        """A call of a script that remembers outcomes for resends: ARGV[3] is
+        the memo header of ``request`` (``open_memo`` in the prelude)."""
+        return self.call(name, memo_header(request), *args)
+
+
+def memo_header(request: Request | None) -> str:
+    """``<floor>:<remember_ms>:<origin>``, or empty for an effect nobody resends."""
+    if request is None:
+        return ""
+    return f"{request.floor}:{int(request.remember * 1000)}:{request.origin}"
+
+
+def request_seq(effect: StoreEffect) -> bytes:
+    """The request number of a remembered effect, empty when it has none."""
+    request: Request | None = getattr(effect, "request", None)
+    return b"" if request is None else b"%d" % request.seq
+
 
 # -- effects to calls ---------------------------------------------------------
 
 
-_NINE_FIELDS = b"%d:%b" * 9
+_TEN_FIELDS = b"%d:%b" * 10
 
 
 def pack_fields(
     f0: bytes, f1: bytes, f2: bytes, f3: bytes, f4: bytes,
-    f5: bytes, f6: bytes, f7: bytes, f8: bytes,
+    f5: bytes, f6: bytes, f7: bytes, f8: bytes, f9: bytes,
 ) -> bytes:  # fmt: skip
-    """Nine fields as ``<length>:<bytes>`` each (``unpack_fields`` in the
-    scripts): a batch costs the clients one argument to encode, not 9 an
-    effect.  Spelled out, as it runs once an effect (three times faster)."""
-    return _NINE_FIELDS % (
+    """Ten fields as ``<length>:<bytes>`` each (``unpack_fields`` in the
+    scripts): a batch costs the clients one argument to encode, not 10 an
+    effect.  Spelled out, as it runs once an effect (three times faster).
+    The last field of every batched effect is its request number."""
+    return _TEN_FIELDS % (
         len(f0), f0, len(f1), f1, len(f2), f2, len(f3), f3, len(f4), f4,
-        len(f5), f5, len(f6), f6, len(f7), f7, len(f8), f8,
+        len(f5), f5, len(f6), f6, len(f7), f7, len(f8), f8, len(f9), f9,
     )  # fmt: skip
 
 
@@ -159,6 +181,7 @@ def finish_fields(layout: Layout, effect: StoreEffect) -> bytes:
         (effect.error or "").encode(),
         b"0" if effect.result is None else b"1",
         effect.result or b"",
+        request_seq(effect),
     )
 
 
@@ -176,6 +199,7 @@ def schedule_fields(layout: Layout, effect: StoreEffect) -> bytes:
         number_bytes(effect.now),
         (effect.acknowledge or "").encode(),
         b"" if effect.expect_generation is None else b"%d" % effect.expect_generation,
+        request_seq(effect),
     )
 
 
@@ -192,6 +216,7 @@ def acquire_fields(layout: Layout, effect: StoreEffect) -> bytes:
         effect.message.key.encode(),
         b"%d" % effect.message.generation,
         layout.namespace(effect.scope).encode(),
+        request_seq(effect),
     )
 
 
@@ -212,20 +237,22 @@ def calls_for(layout: Layout, effects: Sequence[StoreEffect]) -> list[tuple[Scri
     run_kind: type[StoreEffect] | None = None
     script = ""
     covered = 0
+    request: Request | None = None
     for effect in effects:
         kind = type(effect)
         if covered and kind is not run_kind:
-            calls.append((layout.call(script, b"".join(run)), covered))
-            run, covered = [], 0
+            calls.append((layout.remembered_call(script, request, b"".join(run)), covered))
+            run, covered, request = [], 0, None
         batched = BATCHED.get(kind)
         if batched is None:
             calls.append((call_for(layout, effect), 1))
             continue
         run_kind, (script, fields) = kind, batched
         run.append(fields(layout, effect))
+        request = request or getattr(effect, "request", None)
         covered += 1
     if covered:
-        calls.append((layout.call(script, b"".join(run)), covered))
+        calls.append((layout.remembered_call(script, request, b"".join(run)), covered))
     return calls
 
 
@@ -259,7 +286,14 @@ def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
         items: list[str] = []
         for item in effect.items:
             items += [item.delivery_id, item.key, str(item.generation)]
-        return layout.call("claim", effect.worker, number(effect.now), *items)
+        return layout.remembered_call(
+            "claim",
+            effect.request,
+            request_seq(effect).decode(),
+            effect.worker,
+            number(effect.now),
+            *items,
+        )
     if kind is RenewLeases:
         assert isinstance(effect, RenewLeases)
         slots: list[str] = []
@@ -276,8 +310,10 @@ def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
         )
     if kind is ReleaseSlot:
         assert isinstance(effect, ReleaseSlot)
-        return layout.call(
+        return layout.remembered_call(
             "release",
+            effect.request,
+            request_seq(effect).decode(),
             effect.limit_key,
             effect.holder,
             number(effect.now),
@@ -285,7 +321,14 @@ def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
         )
     if kind is Cancel:
         assert isinstance(effect, Cancel)
-        return layout.call("cancel", effect.key, number(effect.now), number(effect.ttl))
+        return layout.remembered_call(
+            "cancel",
+            effect.request,
+            request_seq(effect).decode(),
+            effect.key,
+            number(effect.now),
+            number(effect.ttl),
+        )
     if kind is Heartbeat:
         assert isinstance(effect, Heartbeat)
         return layout.call(
@@ -332,7 +375,10 @@ def outcome_for(effect: StoreEffect, reply: Any) -> Outcome:
             )
         if kind is AcquireSlot:
             assert isinstance(effect, AcquireSlot)
-            return SlotDone(delivery_id=effect.delivery_id, acquired=int(reply) == 1)
+            verdict = int(reply)
+            return SlotDone(
+                delivery_id=effect.delivery_id, acquired=verdict == 1, lost=verdict == 2
+            )
         if kind is ReleaseSlot:
             assert isinstance(effect, ReleaseSlot)
             return SlotReleased(limit_key=effect.limit_key, woken=int(reply))

@@ -1,8 +1,9 @@
--- Schedule: ARGV = prefix, group, then the fields of one or more messages
--- packed into one argument (unpack_fields), 9 a message: key, function,
--- payload, when, attempt, mode, now, acknowledge, expect_generation.  The
--- consecutive schedules of a flush (or a batch of adds) go in one call.
--- Returns one {accepted, generation, state} per message.
+-- Schedule: ARGV = prefix, group, memo header, then the fields of one or
+-- more messages packed into one argument (unpack_fields), 10 a message: key,
+-- function, payload, when, attempt, mode, now, acknowledge,
+-- expect_generation, request number.  The consecutive schedules of a flush
+-- (or a batch of adds) go in one call.  Returns one {accepted, generation,
+-- state} per message; a resend answers its first outcome and does nothing.
 -- the soonest due time before the first future message of this call, if any
 local before = false
 local replies = {}
@@ -39,10 +40,16 @@ local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect)
   publish(key, {type = 'state', state = 'scheduled', when = tonumber(when)})
   return {1, tostring(gen), 'scheduled'}
 end
-local f = unpack_fields(ARGV[3])
-for i = 1, #f, 9 do
-  replies[#replies + 1] = schedule(f[i], f[i + 1], f[i + 2], f[i + 3], f[i + 4], f[i + 5],
-                                   f[i + 6], f[i + 7], f[i + 8])
+local f = unpack_fields(ARGV[4])
+if #f % 10 ~= 0 then error('docket: schedule takes 10 fields a message') end
+open_memo(ARGV[3])
+for i = 1, #f, 10 do
+  local first = recall(f[i + 9])
+  if not first then
+    first = remember(f[i + 9], schedule(f[i], f[i + 1], f[i + 2], f[i + 3], f[i + 4], f[i + 5],
+                                        f[i + 6], f[i + 7], f[i + 8]))
+  end
+  replies[#replies + 1] = first
 end
 -- a new soonest message: wake one blocked reader so it re-arms its timer
 if before then

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from .effects import Finish, Schedule, StoreEffect
+from .effects import Finish, Request, Schedule, StoreEffect
 from .inputs import FollowUp, TaskEnded, TaskOutcome
 from .values import (
     ExecutionState,
@@ -61,6 +61,7 @@ def plan_end(
     error: str | None,
     started_at: float,
     execution_ttl: float,
+    request: Request | None = None,
 ) -> StoreEffect:
     """What the end of a run leads to: a retry, the next perpetual run, or a
     recorded outcome.  The returned effect acknowledges the delivery.
@@ -85,6 +86,7 @@ def plan_end(
                 now=now,
                 acknowledge=delivery_id,
                 expect_generation=message.generation,
+                request=request,
             )
     perpetual = policy.perpetual
     if (
@@ -102,6 +104,7 @@ def plan_end(
             now=now,
             acknowledge=delivery_id,
             expect_generation=message.generation,
+            request=request,
         )
     if outcome is TaskOutcome.SUCCEEDED:
         state = ExecutionState.COMPLETED
@@ -118,6 +121,7 @@ def plan_end(
         ttl=execution_ttl,
         error=error,
         result=ended.result if execution_ttl > 0 else None,
+        request=request,
     )
 
 
@@ -128,6 +132,7 @@ def plan_reject(
     now: float,
     execution_ttl: float,
     problem: str | None,
+    request: Request | None = None,
 ) -> Finish:
     """End a delivery that must not run: a problem (unknown task, arguments
     that cannot be read) is a recorded failure with the reason; a strike is a
@@ -143,4 +148,5 @@ def plan_reject(
         # so that it is visible; a struck task follows the docket's ttl
         ttl=execution_ttl if problem is None else max(execution_ttl, 3600.0),
         error=problem,
+        request=request,
     )

@@ -6,6 +6,25 @@ as exactly one outcome input (``docket_core.sansio.inputs``), in order.  *Runtim
 effects* are for the worker runtime itself: start or cancel a task function.
 
 Effects carry no behaviour; adapters dispatch on their type.
+
+Resends
+-------
+A reply can be lost after the store ran an effect (a server killed after its
+append-only-file write, a connection killed).  The worker machine resends such
+a batch, so every store effect is safe to send twice:
+
+- ``Claim``, ``Finish``, ``Schedule``, ``AcquireSlot``, ``ReleaseSlot`` and
+  ``Cancel`` carry a ``Request``.  The store remembers the outcome of each
+  request of an origin until the origin's floor passes it, and answers a resend
+  with the first outcome instead of acting again.  A resend carries the time of
+  its own attempt, so a replayed acquisition that came back *acquired* renews
+  its slot to that time (or reports it lost, if it was taken over meanwhile), and
+  a replayed claim reports the delivery lost if another worker holds it now.
+- ``RenewLeases`` and ``Heartbeat`` are idempotent by nature: running them
+  again at a later ``now`` renews to that later time, which is what a resend
+  wants.
+- An effect without a ``Request`` (a producer's ``add``, ``cancel``) is not
+  remembered: producers do not resend; their caller sees the error.
 """
 
 from __future__ import annotations
@@ -31,6 +50,22 @@ class RuntimeEffect(Effect):
     """An effect the worker runtime carries out itself."""
 
     __slots__ = ()
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Request:
+    """The identity of one store effect, for answering its resends.
+
+    ``origin`` names the sender (one worker machine's life: unique, never
+    reused), ``seq`` numbers its effects.  The store may forget the outcomes of
+    the origin's requests below ``floor`` (their replies arrived), and forgets
+    all of them ``remember`` seconds after the origin's last request; the
+    sender never resends past that."""
+
+    origin: str
+    seq: int
+    floor: int
+    remember: float
 
 
 # -- store effects -----------------------------------------------------------
@@ -61,6 +96,8 @@ class Schedule(StoreEffect):
     now: float
     acknowledge: str | None = None
     expect_generation: int | None = None
+    #: identity for resends (see the module docstring)
+    request: Request | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -73,6 +110,8 @@ class Cancel(StoreEffect):
     key: str
     now: float
     ttl: float
+    #: identity for resends (see the module docstring)
+    request: Request | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -94,6 +133,8 @@ class Claim(StoreEffect):
     worker: str
     items: tuple[ClaimItem, ...]
     now: float
+    #: identity for resends (see the module docstring)
+    request: Request | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -113,6 +154,8 @@ class Finish(StoreEffect):
     ttl: float
     error: str | None = None
     result: bytes | None = None
+    #: identity for resends (see the module docstring)
+    request: Request | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -147,6 +190,8 @@ class AcquireSlot(StoreEffect):
     message: TaskMessage
     #: where the limit's slots live (``ConcurrencyPolicy.scope``)
     scope: str | None = None
+    #: identity for resends (see the module docstring)
+    request: Request | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -158,6 +203,8 @@ class ReleaseSlot(StoreEffect):
     holder: str
     now: float
     scope: str | None = None
+    #: identity for resends (see the module docstring)
+    request: Request | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -13,6 +13,7 @@ import enum
 
 import attrs
 
+from .effects import StoreEffect
 from .values import Delivery, ExecutionState, TaskPolicy
 
 
@@ -124,6 +125,29 @@ class ShutdownRequested(Input):
     now: float
 
 
+@attrs.frozen(slots=True, kw_only=True)
+class ReplyLost(Input):
+    """No reply came for a batch of store effects (the connection was lost,
+    the server went away): any of them may have run, or none.  The machine
+    decides when to send them again, and when to give up."""
+
+    effects: tuple[StoreEffect, ...]
+    now: float
+    reason: str
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class StoreFailed(Input):
+    """The store answered a batch with an error (a refused script): the
+    effects before the refused one may have run.  Sent again like a lost
+    reply; a batch refused ``WorkerConfig.refusals_allowed`` times in a row
+    ends the worker."""
+
+    effects: tuple[StoreEffect, ...]
+    now: float
+    reason: str
+
+
 # -- outcomes of store effects ----------------------------------------------
 
 
@@ -183,10 +207,13 @@ class LeasesRenewed(Outcome):
 
 @attrs.frozen(slots=True, kw_only=True)
 class SlotDone(Outcome):
-    """Outcome of ``AcquireSlot``: acquired, or parked among the waiters."""
+    """Outcome of ``AcquireSlot``: acquired, or parked among the waiters; or,
+    for a resent acquisition whose first send had acquired, ``lost`` when the
+    slot was taken over as stale before the resend arrived."""
 
     delivery_id: str
     acquired: bool
+    lost: bool = False
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -17,6 +17,8 @@ means docket itself is wrong, not the user or the store.
 
     RUNNING --timeout / cancel--> CANCELLING --ended--> FINISHING
     RUNNING --lease_lost--> ABANDONING --ended--> DONE  (another worker owns it: no ack)
+    CLAIMING / ADMITTING / FINISHING --given_up--> DONE  (the store stayed away past
+                                                        the resend window: no ack)
 
 Nothing is acknowledged before its outcome is recorded: a crash anywhere
 leaves the message with the store, which hands it out again once its lease
@@ -64,6 +66,8 @@ class Step(enum.Enum):
     LEASE_LOST = "lease_lost"
     ENDED = "ended"
     RECORDED = "recorded"
+    #: the store did not answer this delivery's effect within the resend window
+    GIVEN_UP = "given_up"
 
 
 P, S = Phase, Step
@@ -97,6 +101,9 @@ TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (P.FINISHING, S.CANCEL): P.FINISHING,
     (P.FINISHING, S.TIMEOUT): P.FINISHING,
     (P.FINISHING, S.LEASE_LOST): P.FINISHING,
+    (P.CLAIMING, S.GIVEN_UP): P.DONE,
+    (P.ADMITTING, S.GIVEN_UP): P.DONE,
+    (P.FINISHING, S.GIVEN_UP): P.DONE,
 }
 
 #: phases in which this worker holds the delivery and must keep its lease

@@ -6,6 +6,16 @@ it ran (``store_replied``), drains the effects it produced (``effects``), and
 keeps one timer armed at ``next_deadline()``, calling ``receive(Tick(now))``
 when it fires.  Phase changes of each delivery go through
 ``lifecycle.advance``; this module decides which step an input is.
+
+When a batch of store effects gets no reply (``ReplyLost``) or an error
+(``StoreFailed``), the machine, not the runtime, decides what follows: it
+holds back every later store effect, and after ``retry_delay`` sends the
+failed batch again, in order and ahead of them, each effect stamped with the
+time of the new attempt.  The store answers a resent effect with its first
+outcome (``effects.Request``).  A batch still unanswered after the resend
+window (one redelivery timeout) is given up: its deliveries are left to the
+store, which hands them out again once their leases lapse.  A batch refused
+``refusals_allowed`` times in a row ends the worker (``fatal``).
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from .effects import (
     Heartbeat,
     ReleaseSlot,
     RenewLeases,
+    Request,
     Schedule,
     SeedPerpetuals,
     StartTask,
@@ -44,9 +55,11 @@ from .inputs import (
     Input,
     LeasesRenewed,
     Outcome,
+    ReplyLost,
     Scheduled,
     ShutdownRequested,
     SlotDone,
+    StoreFailed,
     TaskEnded,
     TaskOutcome,
     Tick,
@@ -69,6 +82,14 @@ class WorkerConfig:
     tasks: tuple[str, ...] = ()
     #: how often automatic perpetual tasks are added again (None: never)
     reseed_interval: float | None = None
+    #: this machine's life, unique and never reused (the origin of its
+    #: requests, so a restarted worker of the same name is never answered
+    #: with its predecessor's outcomes); the name when empty
+    origin: str = ""
+    #: how long after a lost reply or a refusal a batch is sent again
+    retry_delay: float = 5.0
+    #: how many refusals in a row of one batch end the worker
+    refusals_allowed: int = 3
 
     def __attrs_post_init__(self) -> None:
         if self.concurrency < 1:
@@ -82,6 +103,26 @@ class WorkerConfig:
     def renew_interval(self) -> float:
         return self.redelivery_timeout / 4
 
+    @property
+    def fence_after(self) -> float:
+        """How old this worker's last confirmed lease renewal may get before it
+        stops its runs itself: another worker may take a delivery or a slot
+        over one redelivery timeout after its renewal (by its own clock), so
+        stop a renewal interval before that."""
+        return self.redelivery_timeout - self.renew_interval
+
+    @property
+    def resend_window(self) -> float:
+        """How long a failed batch is sent again before it is given up: past
+        one redelivery timeout its leases have lapsed anyway."""
+        return self.redelivery_timeout
+
+    @property
+    def remember(self) -> float:
+        """How long the store keeps outcomes for resends: longer than any
+        resend may come."""
+        return 2 * self.resend_window + self.retry_delay
+
 
 @attrs.define(slots=True, kw_only=True)
 class InFlight:
@@ -93,11 +134,17 @@ class InFlight:
     phase: Phase = Phase.ARRIVED
     problem: str | None = None
     started_at: float = 0.0
+    #: when its lease (and slot) were last known renewed, by this worker's clock
+    renewed_at: float = 0.0
     deadline: float | None = None
     #: the concurrency slot this delivery holds (limit key), once acquired
     slot: str | None = None
     #: why the runtime was asked to cancel the task function
     cancel_reason: str | None = None
+
+
+#: phases a delivery may be in while its store effect is unanswered
+_GIVEN_UP_PHASES = frozenset({Phase.CLAIMING, Phase.ADMITTING, Phase.FINISHING})
 
 
 class WorkerMachine:
@@ -109,6 +156,9 @@ class WorkerMachine:
         self.counters: Counter[str] = Counter()
         self._effects: list[Effect] = []
         self._next_renewal = now + config.renew_interval
+        #: the ``now`` of the last renewal the store confirmed (or of a moment
+        #: this worker held nothing): no lease of it is older
+        self._leases_confirmed_at = now
         self._next_heartbeat = now
         # the runtime seeds automatic perpetual tasks as it starts; re-seed later
         self._next_seed = now + config.reseed_interval if config.reseed_interval else None
@@ -117,6 +167,18 @@ class WorkerMachine:
         self.said_goodbye = False
         docket = f"{config.docket}/" if config.docket else ""
         self._holder_prefix = f"{docket}{config.name}/"
+        self._origin = config.origin or config.name
+        self._remember = config.remember
+        #: the last request number given, and the lowest one not yet answered
+        self._seq = 0
+        self._floor = 1
+        #: a batch that got no reply (or an error), to be sent again
+        self._failed: list[StoreEffect] = []
+        self._resend_at: float | None = None
+        self._failing_since: float | None = None
+        self._refusals = 0
+        #: why the worker must stop: the store refused a batch for good
+        self.fatal: str | None = None
 
     # -- queries -------------------------------------------------------------
 
@@ -136,11 +198,18 @@ class WorkerMachine:
         delivery, so a redelivered copy elsewhere never counts as the same holder."""
         return self._holder_prefix + delivery_id
 
+    @property
+    def quiet(self) -> bool:
+        """Said goodbye, with nothing left to send to the store."""
+        return self.said_goodbye and self._resend_at is None
+
     def next_deadline(self) -> float | None:
         """When the runtime must call back with ``Tick``."""
         if self.said_goodbye:
-            return None
+            return self._resend_at
         deadline = self._next_heartbeat
+        if self._resend_at is not None:
+            deadline = min(deadline, self._resend_at)
         if self._next_seed is not None and self.accepting:
             deadline = min(deadline, self._next_seed)
         if self.in_flight:
@@ -152,9 +221,19 @@ class WorkerMachine:
         return deadline
 
     def effects(self) -> list[Effect]:
-        """Drain the effects produced so far (swap and return)."""
+        """Drain the effects produced so far (swap and return).  While a
+        failed batch waits to be sent again, store effects are held back."""
         effects, self._effects = self._effects, []
+        if self._resend_at is not None:
+            self._effects = [e for e in effects if isinstance(e, StoreEffect)]
+            return [e for e in effects if not isinstance(e, StoreEffect)]
         return effects
+
+    def _request(self) -> Request:
+        self._seq += 1
+        return Request(
+            origin=self._origin, seq=self._seq, floor=self._floor, remember=self._remember
+        )
 
     # -- inputs --------------------------------------------------------------
 
@@ -177,6 +256,9 @@ class WorkerMachine:
         elif type(event) is ShutdownRequested:
             self.accepting = False
             self._maybe_goodbye(event.now)
+        elif type(event) is ReplyLost or type(event) is StoreFailed:
+            assert isinstance(event, ReplyLost | StoreFailed)
+            self._store_failed(event)
         else:
             raise TypeError(f"not an input the worker machine takes: {event!r}")
 
@@ -184,6 +266,13 @@ class WorkerMachine:
         self, effects: Sequence[StoreEffect], outcomes: Sequence[Outcome], now: float
     ) -> None:
         """Take the outcomes of store effects this machine produced, in order."""
+        self._failing_since = None
+        self._refusals = 0
+        for effect in reversed(effects):
+            request = getattr(effect, "request", None)
+            if request is not None:
+                self._floor = max(self._floor, request.seq + 1)
+                break
         for effect, outcome in zip(effects, outcomes, strict=True):
             kind = type(outcome)
             if kind is FinishDone or kind is Scheduled:
@@ -195,7 +284,8 @@ class WorkerMachine:
                 assert isinstance(outcome, SlotDone)
                 self._slot(outcome, now)
             elif kind is LeasesRenewed:
-                assert isinstance(outcome, LeasesRenewed)
+                assert isinstance(outcome, LeasesRenewed) and isinstance(effect, RenewLeases)
+                self._renewed(effect)
                 for delivery_id in outcome.lost:
                     self._lease_lost(delivery_id)
                 for holder in outcome.lost_slots:
@@ -220,6 +310,7 @@ class WorkerMachine:
                 message=delivery.message,
                 policy=arrival.policy,
                 problem=arrival.problem,
+                renewed_at=event.now,
             )
             self.in_flight[delivery.delivery_id] = flight
             self.counters["redelivered" if delivery.redelivered else "delivered"] += 1
@@ -235,7 +326,14 @@ class WorkerMachine:
                 )
             )
         if claims:
-            self._effects.append(Claim(worker=self.config.name, items=tuple(claims), now=event.now))
+            self._effects.append(
+                Claim(
+                    worker=self.config.name,
+                    items=tuple(claims),
+                    now=event.now,
+                    request=self._request(),
+                )
+            )
 
     def _reject(self, flight: InFlight, arrival: Arrival, now: float) -> None:
         flight.phase = lifecycle.advance(flight.phase, Step.REJECT)
@@ -247,6 +345,7 @@ class WorkerMachine:
                 now=now,
                 execution_ttl=self.config.execution_ttl,
                 problem=arrival.problem,
+                request=self._request(),
             )
         )
 
@@ -275,6 +374,7 @@ class WorkerMachine:
                     delivery_id=delivery_id,
                     message=flight.message,
                     scope=limit.scope,
+                    request=self._request(),
                 )
             )
 
@@ -282,7 +382,12 @@ class WorkerMachine:
         flight = self.in_flight.get(outcome.delivery_id)
         if flight is None:
             return
-        if outcome.acquired:
+        if outcome.lost:
+            # a resent acquisition whose slot was taken over meanwhile: the
+            # delivery is another worker's by now, and never starts here
+            self._lease_lost(outcome.delivery_id)
+            self._start(flight, Step.SLOT_ACQUIRED, now)
+        elif outcome.acquired:
             assert flight.policy.concurrency is not None
             flight.slot = flight.policy.concurrency.limit_key
             self._start(flight, Step.SLOT_ACQUIRED, now)
@@ -340,6 +445,7 @@ class WorkerMachine:
             error=error,
             started_at=flight.started_at,
             execution_ttl=self.config.execution_ttl,
+            request=self._request(),
         )
         if isinstance(effect, Schedule):
             retrying = effect.message.attempt > flight.message.attempt
@@ -361,6 +467,7 @@ class WorkerMachine:
             holder=self.holder(flight.delivery_id),
             now=now,
             scope=flight.policy.concurrency.scope,
+            request=self._request(),
         )
         flight.slot = None
         return release
@@ -405,7 +512,76 @@ class WorkerMachine:
             flight.cancel_reason = "lease-lost"
             self._effects.append(CancelTask(delivery_id=delivery_id, reason="lease-lost"))
 
+    def _store_failed(self, event: ReplyLost | StoreFailed) -> None:
+        now = event.now
+        self.counters["store_errors"] += 1
+        if type(event) is StoreFailed:
+            self._refusals += 1
+            if self._refusals >= self.config.refusals_allowed:
+                self.fatal = f"the store refused a batch {self._refusals} times: {event.reason}"
+        if self._failing_since is None:
+            self._failing_since = now
+        if self.fatal is None and now - self._failing_since >= self.config.resend_window:
+            self._give_up(event.effects, now)
+            self._failing_since = now
+            return
+        self._failed = list(event.effects)
+        self._resend_at = now + self.config.retry_delay
+
+    def _give_up(self, effects: Sequence[StoreEffect], now: float) -> None:
+        """Leave the deliveries of a batch the store never answered to the
+        store: it hands them out again once their leases lapse."""
+        self.counters["given_up"] += len(effects)
+        for effect in effects:
+            if isinstance(effect, Claim):
+                ids: tuple[str | None, ...] = tuple(item.delivery_id for item in effect.items)
+            elif isinstance(effect, Finish | AcquireSlot):
+                ids = (effect.delivery_id,)
+            elif isinstance(effect, Schedule):
+                ids = (effect.acknowledge,)
+            else:
+                continue  # a release, renewal or heartbeat: leases settle it
+            for delivery_id in ids:
+                flight = self.in_flight.get(delivery_id) if delivery_id else None
+                if flight is not None and flight.phase in _GIVEN_UP_PHASES:
+                    flight.phase = lifecycle.advance(flight.phase, Step.GIVEN_UP)
+                    del self.in_flight[flight.delivery_id]
+        self._maybe_goodbye(now)
+
+    def _resend(self, now: float) -> None:
+        """Send the failed batch again, then what was held back, all at ``now``."""
+        held = self._effects
+        self._effects = [
+            attrs.evolve(e, now=now) if isinstance(e, StoreEffect) else e  # type: ignore[misc]
+            for e in (*self._failed, *held)
+        ]
+        self._failed = []
+        self._resend_at = None
+
+    def _renewed(self, effect: RenewLeases) -> None:
+        self._leases_confirmed_at = max(self._leases_confirmed_at, effect.now)
+        for delivery_id in effect.delivery_ids:
+            flight = self.in_flight.get(delivery_id)
+            if flight is not None:
+                flight.renewed_at = max(flight.renewed_at, effect.now)
+
+    def _fence(self, now: float) -> None:
+        """Stop every run whose lease this worker could not renew in time
+        (the store did not answer): another worker may own it by now."""
+        stale_before = now - self.config.fence_after
+        if self._leases_confirmed_at > stale_before:
+            return
+        for flight in list(self.in_flight.values()):
+            if flight.renewed_at <= stale_before and flight.phase in lifecycle.HOLDING:
+                self.counters["fenced"] += 1
+                flight.slot = None
+                self._lease_lost(flight.delivery_id)
+
     def _tick(self, now: float) -> None:
+        if self._resend_at is not None and now >= self._resend_at:
+            self._resend(now)
+        if self.in_flight:
+            self._fence(now)
         self._maybe_goodbye(now)
         if self._timeouts:
             for flight in self.in_flight.values():
@@ -424,6 +600,7 @@ class WorkerMachine:
             self._renew(now)
         elif not self.in_flight and now >= self._next_renewal:
             self._next_renewal = now + self.config.renew_interval
+            self._leases_confirmed_at = now  # nothing held: nothing to renew
         if self._next_seed is not None and self.accepting and now >= self._next_seed:
             assert self.config.reseed_interval is not None
             self._next_seed = now + self.config.reseed_interval
