@@ -35,13 +35,14 @@ from . import dependencies, instrumentation
 from .dependencies import ForcedRetry, TaskContext, resolve
 from .docket import Docket
 from .execution import Execution, to_datetime
-from .sansio.effects import CancelTask, RuntimeEffect, SeedPerpetuals, StartTask, StoreEffect
+from .sansio.effects import CancelTask, Effect, Read, SeedPerpetuals, StartTask, StoreEffect
 from .sansio.errors import StoreError, StoreUnavailable, UsageError
 from .sansio.inputs import (
     Arrival,
     CancelRequested,
     DeadlineExtended,
-    Delivered,
+    ReadDone,
+    ReadFailed,
     ReplyLost,
     ShutdownRequested,
     StoreFailed,
@@ -198,14 +199,18 @@ class Worker:
             reseed_interval=RESEED_SECONDS if self.schedule_automatic_tasks else None,
             origin=f"{self.name}#{uuid.uuid4().hex[:12]}",
             retry_delay=self.reconnection_delay.total_seconds(),
+            read_block=self.minimum_check_interval.total_seconds(),
+            until_finished=until_finished,
+            reads=True,
         )
         machine = self._machine = WorkerMachine(config, time.time())
         instrumentation.watch(self)
         self._dirty = anyio.Event()
-        self._capacity = anyio.Event()
         self._rearm = anyio.Event()
         self._stopping = anyio.Event()
         self._finished = anyio.Event()
+        self._reads: list[Read] = []
+        self._read_ready = anyio.Event()
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._cancel_reasons: dict[str, str] = {}
         #: delivery id -> the function, the execution and the headers of its call
@@ -218,12 +223,13 @@ class Worker:
             self._spawn(group, self._flusher)
             self._spawn(group, self._timer)
             self._spawn(group, self._listener)
+            self._spawn(group, self._reader)
             if threading.current_thread() is threading.main_thread():
                 self._spawn(group, self._signals)
             try:
                 machine.receive(Tick(now=time.time()))
                 self._dirty.set()
-                await self._reader(until_finished)
+                await self._stopping.wait()
             finally:
                 with anyio.CancelScope(shield=True):
                     machine.receive(ShutdownRequested(now=time.time()))
@@ -243,68 +249,52 @@ class Worker:
             except BaseException:
                 # a broken loop must not leave the shutdown path waiting forever
                 self._stopping.set()
-                self._capacity.set()
                 self._finished.set()
                 raise
 
         group.start_soon(shielded)
 
-    async def _reader(self, until_finished: bool) -> None:
+    async def _reader(self) -> None:
+        """Carry out the machine's reads, one at a time: the strikes first (once
+        read, deliveries must reach the machine), then the store's read."""
         machine = self._machine
         assert machine is not None
         adapter = self.docket.adapter
-        check = self.minimum_check_interval.total_seconds()
-        redelivery = self.redelivery_timeout.total_seconds()
-        next_due: float | None = None
-        # after a failed read, first ask for what this worker already holds:
-        # a read the store ran but whose reply was lost left deliveries there
-        recover = False
-        while not self._stopping.is_set():
-            # a point to notice cancellation even when the store never blocks
-            await anyio.lowlevel.checkpoint()
-            capacity = machine.capacity
-            if capacity == 0:
-                await self._capacity.wait()
-                self._capacity = anyio.Event()
-                continue
-            now = time.time()
-            block = check if next_due is None else min(check, max(next_due - now, 0.0))
+        while True:
+            while not self._reads:
+                await self._read_ready.wait()
+                self._read_ready = anyio.Event()
+            read = self._reads.pop(0)
             try:
-                # strikes first: once read, deliveries must reach the machine
                 self._strikes = await adapter.strikes()
                 result = await adapter.read(
-                    worker=self.name,
-                    count=capacity,
-                    now=now,
-                    redelivery_timeout=redelivery,
-                    block=0.0 if recover else block,
-                    recover=recover,
+                    worker=read.worker,
+                    count=read.count,
+                    now=time.time(),
+                    redelivery_timeout=read.redelivery_timeout,
+                    block=read.block,
+                    recover=read.recover,
                 )
-                recover = False
-                next_due = result.next_due
                 held = machine.in_flight
-                fresh = [d for d in result.deliveries if d.delivery_id not in held]
-                if fresh:
-                    arrivals = tuple(self._prepare(d) for d in fresh)
-                    machine.receive(Delivered(arrivals=arrivals, now=time.time()))
-                    self._dirty.set()
-                elif (
-                    not result.deliveries
-                    and until_finished
-                    and machine.idle
-                    and await adapter.pending() == 0
-                ):
-                    return
+                arrivals = tuple(
+                    self._prepare(d) for d in result.deliveries if d.delivery_id not in held
+                )
+                pending = None
+                if read.then_pending and not result.deliveries:
+                    pending = await adapter.pending()
+                done = ReadDone(
+                    arrivals=arrivals, next_due=result.next_due, now=time.time(), pending=pending
+                )
+                machine.receive(done)
             except StoreError as error:
-                recover = True
-                await self._store_trouble(error)
-
-    async def _store_trouble(self, error: StoreError) -> None:
-        """Log and count a store failure, then wait ``reconnection_delay``."""
-        assert self._machine is not None
-        self._machine.counters["store_errors"] += 1
-        logger.warning("store unavailable (%s); retrying in %s", error, self.reconnection_delay)
-        await anyio.sleep(self.reconnection_delay.total_seconds())
+                machine.receive(ReadFailed(now=time.time(), reason=str(error)))
+                logger.warning(
+                    "store unavailable (%s); reading again in %s", error, self.reconnection_delay
+                )
+            if machine.finished:
+                self._stopping.set()
+            self._dirty.set()
+            self._rearm.set()
 
     def _prepare(self, delivery: Delivery) -> Arrival:
         """Decode a delivery and work out its policy (pure work, no store)."""
@@ -367,11 +357,10 @@ class Worker:
             while effects := machine.effects():
                 store: list[StoreEffect] = []
                 for effect in effects:
-                    if isinstance(effect, RuntimeEffect):
-                        self._run_effect(effect)
-                    else:
-                        assert isinstance(effect, StoreEffect)
+                    if isinstance(effect, StoreEffect):
                         store.append(effect)
+                    else:
+                        self._run_effect(effect)
                 if store:
                     try:
                         outcomes = await self.docket.adapter.execute(store)
@@ -379,7 +368,6 @@ class Worker:
                         self._store_failed(store, error)
                         continue
                     machine.store_replied(store, outcomes, time.time())
-                    self._capacity.set()
                     if len(self._calls) > len(machine.in_flight):
                         # deliveries that ended without starting (struck,
                         # superseded, parked, lost) leave their calls behind
@@ -407,7 +395,7 @@ class Worker:
             self.reconnection_delay,
         )
 
-    def _run_effect(self, effect: RuntimeEffect) -> None:
+    def _run_effect(self, effect: Effect) -> None:
         if isinstance(effect, StartTask):
             self._group.start_soon(self._run_task, effect.delivery_id)
             self._rearm.set()
@@ -418,6 +406,9 @@ class Worker:
             if scope is not None:
                 self._cancel_reasons[effect.delivery_id] = effect.reason
                 scope.cancel()
+        elif isinstance(effect, Read):
+            self._reads.append(effect)
+            self._read_ready.set()
 
     async def _timer(self) -> None:
         machine = self._machine
@@ -444,14 +435,20 @@ class Worker:
                         )
                         self._dirty.set()
             except StoreError as error:
-                await self._store_trouble(error)
+                # a missed cancellation costs nothing: runs check their key on claim
+                machine.counters["store_errors"] += 1
+                logger.warning(
+                    "cancellations unavailable (%s); listening again in %s",
+                    error,
+                    self.reconnection_delay,
+                )
+                await anyio.sleep(self.reconnection_delay.total_seconds())
 
     async def _signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 logger.info("worker %s got signal %s: draining", self.name, signum)
                 self._stopping.set()
-                self._capacity.set()
                 return
 
     async def _seed_automatic(self) -> None:

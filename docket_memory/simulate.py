@@ -41,6 +41,7 @@ from docket_core.sansio.effects import (
     Cancel,
     CancelTask,
     Effect,
+    Read,
     ReleaseSlot,
     StartTask,
     StoreEffect,
@@ -48,7 +49,8 @@ from docket_core.sansio.effects import (
 from docket_core.sansio.inputs import (
     Arrival,
     CancelRequested,
-    Delivered,
+    ReadDone,
+    ReadFailed,
     ReplyLost,
     Scheduled,
     TaskEnded,
@@ -101,7 +103,9 @@ class SimWorker:
     skew: float
     #: delivery id -> (end time, outcome)
     running: dict[str, tuple[float, TaskOutcome]] = attrs.field(factory=dict)
-    #: deliveries read but not yet handed to the machine (delayed delivery)
+    #: the read the machine asked for, not yet carried out
+    read: Read | None = None
+    #: a read's result not yet handed to the machine (delayed delivery)
     delayed: list[Delivery] = attrs.field(factory=list)
     alive: bool = True
 
@@ -148,6 +152,7 @@ class Simulation:
             heartbeat_interval=2.0,
             execution_ttl=RECORD_TTL,
             origin=f"w{self.serial}#sim",
+            reads=True,
             retry_delay=self.rng.choice([0.05, 0.5, 2.0]),
         )
         skew = self.rng.uniform(-0.5, 0.5)
@@ -212,7 +217,10 @@ class Simulation:
             self.check()
 
     def runtime_effect(self, worker: SimWorker, effect: Effect) -> None:
-        if isinstance(effect, StartTask):
+        if isinstance(effect, Read):
+            assert worker.read is None, "the machine asked for a second read at once"
+            worker.read = effect
+        elif isinstance(effect, StartTask):
             duration = self.rng.choice([0.05, 0.2, 1.0, 3.0, 12.0])
             outcome = TaskOutcome.FAILED if self.rng.random() < 0.2 else TaskOutcome.SUCCEEDED
             worker.running[effect.delivery_id] = (self.clock(worker) + duration, outcome)
@@ -243,31 +251,43 @@ class Simulation:
             self.pump(worker)
 
     def read(self, worker: SimWorker) -> None:
-        capacity = worker.machine.capacity - len(worker.delayed)
-        if capacity <= 0:
+        """Carry out the read the machine asked for, if any."""
+        read, worker.read = worker.read, None
+        if read is None:
             return
         result = drive(
             self.stores[worker.docket].read(
                 worker=worker.name,
-                count=capacity,
+                count=read.count,
                 now=self.clock(worker),
-                redelivery_timeout=REDELIVERY_TIMEOUT,
+                redelivery_timeout=read.redelivery_timeout,
                 block=0,
+                recover=read.recover,
             )
         )
         deliveries = list(result.deliveries)
+        if self.faults and self.rng.random() < 0.03:
+            # the reply is lost: the store handed the deliveries out, and the
+            # machine's next read must recover them
+            worker.machine.receive(ReadFailed(now=self.clock(worker), reason="simulated"))
+            self.pump(worker)
+            return
         if self.faults and deliveries and self.rng.random() < 0.1:
             worker.delayed.extend(deliveries)  # handed over at a later step
             return
         self.deliver(worker, deliveries)
 
     def deliver(self, worker: SimWorker, deliveries: list[Delivery]) -> None:
-        if not deliveries:
-            return
+        held = worker.machine.in_flight
         arrivals = tuple(
-            Arrival(delivery=d, policy=self.policy_for(d.message.key)) for d in deliveries
+            Arrival(delivery=d, policy=self.policy_for(d.message.key))
+            for d in deliveries
+            if d.delivery_id not in held
         )
-        worker.machine.receive(Delivered(arrivals=arrivals, now=self.clock(worker)))
+        next_due = self.shelves[worker.docket].next_due()
+        worker.machine.receive(
+            ReadDone(arrivals=arrivals, next_due=next_due, now=self.clock(worker))
+        )
         self.pump(worker)
 
     def finish_due(self, worker: SimWorker) -> None:
@@ -360,6 +380,11 @@ class Simulation:
                 elif limit is not None and flight.phase is not Phase.ABANDONING:
                     # (an abandoned run, its slot lost or given up, is being stopped)
                     raise InvariantViolated(f"{message.key} runs without its slot")
+        for shelf in self.shelves.values():
+            if len(shelf.ready) != len(shelf.ready_ids) or any(
+                key in shelf.ready_ids for key in shelf.parked
+            ):
+                raise InvariantViolated(f"a key of {shelf.name} is queued twice, or parked too")
         # remember holders whose stale slots may be taken over
         cutoff = self.now - REDELIVERY_TIMEOUT + 1.0
         for pool in self.pools.values():

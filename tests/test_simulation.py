@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from docket_core.sansio.effects import AcquireSlot, ReleaseSlot
+from docket_core.sansio.effects import AcquireSlot, Effect, ReleaseSlot
 from docket_core.sansio.inputs import SlotDone
+from docket_core.sansio.outbox import Outbox
 from docket_core.sansio.worker import InFlight, WorkerMachine
 from docket_memory import simulate
 from docket_memory.shelf import Pool, Shelf
@@ -83,7 +84,8 @@ def test_a_store_that_hands_out_leased_messages_is_caught(
         original(self, worker)
 
     monkeypatch.setattr(simulate.Simulation, "read", read_ignoring_leases)
-    assert "two live workers" in _run_until_violation(range(5), 3000)
+    violation = _run_until_violation(range(5), 3000)
+    assert "two live workers" in violation or "runs while it" in violation
 
 
 def test_a_store_that_drops_messages_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,20 +120,23 @@ def test_a_store_that_acts_again_on_a_resend_is_caught() -> None:
     takes a freed slot, so the task runs while it also waits (or is queued
     again) for a second run."""
     violation = _run_until_violation(range(60), 3000, remember_outcomes=False)
-    assert "runs while it" in violation
+    assert "runs while it" in violation or "queued twice" in violation
 
 
 def test_a_machine_that_resends_its_first_now_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before the fix the runtime resent a batch as it was: with the first
     send's ``now``, and with a store that acts again."""
 
-    def resend_as_sent(self: WorkerMachine, now: float) -> None:
-        self._effects = [*self._failed, *self._effects]
-        self._failed = []
-        self._resend_at = None
+    original = Outbox.resend
 
-    monkeypatch.setattr(WorkerMachine, "_resend", resend_as_sent)
-    assert "runs while it" in _run_until_violation(range(60), 3000, remember_outcomes=False)
+    def resend_as_sent(self: Outbox, now: float, held: list[Effect]) -> list[Effect] | None:
+        failed = list(self._failed)
+        resent = original(self, now, held)
+        return None if resent is None else [*failed, *held]
+
+    monkeypatch.setattr(Outbox, "resend", resend_as_sent)
+    violation = _run_until_violation(range(60), 3000, remember_outcomes=False)
+    assert "runs while it" in violation or "queued twice" in violation
 
 
 def test_lost_replies_are_resent_in_the_simulation() -> None:

@@ -218,6 +218,28 @@ class Heartbeat(StoreEffect):
     leaving: bool = False
 
 
+# -- reads -------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Read(Effect):
+    """Ask the store for up to ``count`` deliveries (``StorageAdapter.read``),
+    waiting up to ``block`` seconds when there are none; with ``recover``,
+    first hand back what this worker already holds (the reply of an earlier
+    read was lost).  With ``then_pending``, an empty read also counts what is
+    pending in the store (a worker running until finished asks).  Carried out
+    by the runtime's reader, one at a time; answered by ``ReadDone`` or
+    ``ReadFailed``."""
+
+    worker: str
+    count: int
+    now: float
+    block: float
+    redelivery_timeout: float
+    recover: bool = False
+    then_pending: bool = False
+
+
 # -- runtime effects ---------------------------------------------------------
 
 

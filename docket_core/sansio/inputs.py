@@ -126,6 +126,27 @@ class ShutdownRequested(Input):
 
 
 @attrs.frozen(slots=True, kw_only=True)
+class ReadDone(Input):
+    """Outcome of ``Read``: the deliveries (prepared by the runtime), the
+    ``when`` of the soonest future message, and, when the read asked and
+    brought nothing, how many messages are pending in the store."""
+
+    arrivals: tuple[Arrival, ...]
+    next_due: float | None
+    now: float
+    pending: int | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ReadFailed(Input):
+    """A ``Read`` got no answer (or an error): the store may have handed out
+    deliveries that never arrived, so the next read recovers them."""
+
+    now: float
+    reason: str
+
+
+@attrs.frozen(slots=True, kw_only=True)
 class ReplyLost(Input):
     """No reply came for a batch of store effects (the connection was lost,
     the server went away): any of them may have run, or none.  The machine

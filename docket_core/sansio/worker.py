@@ -7,15 +7,11 @@ keeps one timer armed at ``next_deadline()``, calling ``receive(Tick(now))``
 when it fires.  Phase changes of each delivery go through
 ``lifecycle.advance``; this module decides which step an input is.
 
-When a batch of store effects gets no reply (``ReplyLost``) or an error
-(``StoreFailed``), the machine, not the runtime, decides what follows: it
-holds back every later store effect, and after ``retry_delay`` sends the
-failed batch again, in order and ahead of them, each effect stamped with the
-time of the new attempt.  The store answers a resent effect with its first
-outcome (``effects.Request``).  A batch still unanswered after the resend
-window (one redelivery timeout) is given up: its deliveries are left to the
-store, which hands them out again once their leases lapse.  A batch refused
-``refusals_allowed`` times in a row ends the worker (``fatal``).
+The machine decides its own reads (``Read``, answered by ``ReadDone`` or
+``ReadFailed``), and what follows a batch of store effects that got no reply
+or an error: its ``Outbox`` (``outbox.py``) sends it again, gives it up or
+declares it fatal.  A worker that cannot renew its leases for
+``fence_after`` stops those runs itself, before another worker may take them.
 """
 
 from __future__ import annotations
@@ -35,9 +31,9 @@ from .effects import (
     Effect,
     Finish,
     Heartbeat,
+    Read,
     ReleaseSlot,
     RenewLeases,
-    Request,
     Schedule,
     SeedPerpetuals,
     StartTask,
@@ -55,6 +51,8 @@ from .inputs import (
     Input,
     LeasesRenewed,
     Outcome,
+    ReadDone,
+    ReadFailed,
     ReplyLost,
     Scheduled,
     ShutdownRequested,
@@ -65,6 +63,7 @@ from .inputs import (
     Tick,
 )
 from .lifecycle import Phase, Step
+from .outbox import Outbox
 from .values import HeldSlot, TaskMessage, TaskPolicy
 
 
@@ -90,6 +89,13 @@ class WorkerConfig:
     retry_delay: float = 5.0
     #: how many refusals in a row of one batch end the worker
     refusals_allowed: int = 3
+    #: the longest a read waits for work (``minimum_check_interval``)
+    read_block: float = 0.25
+    #: stop once nothing is scheduled, queued, parked or running
+    until_finished: bool = False
+    #: the machine asks for deliveries itself (``Read``); off, they are
+    #: handed in with ``Delivered`` (tests of single steps)
+    reads: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.concurrency < 1:
@@ -167,18 +173,21 @@ class WorkerMachine:
         self.said_goodbye = False
         docket = f"{config.docket}/" if config.docket else ""
         self._holder_prefix = f"{docket}{config.name}/"
-        self._origin = config.origin or config.name
-        self._remember = config.remember
-        #: the last request number given, and the lowest one not yet answered
-        self._seq = 0
-        self._floor = 1
-        #: a batch that got no reply (or an error), to be sent again
-        self._failed: list[StoreEffect] = []
-        self._resend_at: float | None = None
-        self._failing_since: float | None = None
-        self._refusals = 0
-        #: why the worker must stop: the store refused a batch for good
-        self.fatal: str | None = None
+        self.outbox = Outbox(
+            origin=config.origin or config.name,
+            remember=config.remember,
+            retry_delay=config.retry_delay,
+            resend_window=config.resend_window,
+            refusals_allowed=config.refusals_allowed,
+        )
+        #: a ``Read`` is out; the next one recovers lost deliveries; not before
+        self._reading = False
+        self._recover = False
+        self._read_at: float | None = None
+        #: the soonest future message the last read saw
+        self._next_due: float | None = None
+        #: ``until_finished`` and nothing was left: the worker stops
+        self.finished = False
 
     # -- queries -------------------------------------------------------------
 
@@ -201,15 +210,23 @@ class WorkerMachine:
     @property
     def quiet(self) -> bool:
         """Said goodbye, with nothing left to send to the store."""
-        return self.said_goodbye and self._resend_at is None
+        return self.said_goodbye and self.outbox.resend_at is None
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the worker must stop: the store refused a batch for good."""
+        return self.outbox.fatal
 
     def next_deadline(self) -> float | None:
         """When the runtime must call back with ``Tick``."""
+        resend_at = self.outbox.resend_at
         if self.said_goodbye:
-            return self._resend_at
+            return resend_at
         deadline = self._next_heartbeat
-        if self._resend_at is not None:
-            deadline = min(deadline, self._resend_at)
+        if resend_at is not None:
+            deadline = min(deadline, resend_at)
+        if self._read_at is not None and self.accepting:
+            deadline = min(deadline, self._read_at)
         if self._next_seed is not None and self.accepting:
             deadline = min(deadline, self._next_seed)
         if self.in_flight:
@@ -223,22 +240,19 @@ class WorkerMachine:
     def effects(self) -> list[Effect]:
         """Drain the effects produced so far (swap and return).  While a
         failed batch waits to be sent again, store effects are held back."""
-        effects, self._effects = self._effects, []
-        if self._resend_at is not None:
-            self._effects = [e for e in effects if isinstance(e, StoreEffect)]
-            return [e for e in effects if not isinstance(e, StoreEffect)]
-        return effects
-
-    def _request(self) -> Request:
-        self._seq += 1
-        return Request(
-            origin=self._origin, seq=self._seq, floor=self._floor, remember=self._remember
-        )
+        out, self._effects = self.outbox.hold_back(self._effects)
+        return out
 
     # -- inputs --------------------------------------------------------------
 
     def receive(self, event: Input) -> None:
         """Take one input from the runtime."""
+        self._receive(event)
+        now: float | None = getattr(event, "now", None)
+        if now is not None:
+            self._maybe_read(now)
+
+    def _receive(self, event: Input) -> None:
         if type(event) is TaskEnded:
             self._task_ended(event)
         elif type(event) is Delivered:
@@ -256,6 +270,16 @@ class WorkerMachine:
         elif type(event) is ShutdownRequested:
             self.accepting = False
             self._maybe_goodbye(event.now)
+        elif type(event) is ReadDone:
+            assert isinstance(event, ReadDone)
+            self._read_done(event)
+        elif type(event) is ReadFailed:
+            assert isinstance(event, ReadFailed)
+            self.counters["store_errors"] += 1
+            self._reading = False
+            self._recover = True
+            self._read_at = event.now + self.config.retry_delay
+            self._maybe_goodbye(event.now)
         elif type(event) is ReplyLost or type(event) is StoreFailed:
             assert isinstance(event, ReplyLost | StoreFailed)
             self._store_failed(event)
@@ -266,13 +290,7 @@ class WorkerMachine:
         self, effects: Sequence[StoreEffect], outcomes: Sequence[Outcome], now: float
     ) -> None:
         """Take the outcomes of store effects this machine produced, in order."""
-        self._failing_since = None
-        self._refusals = 0
-        for effect in reversed(effects):
-            request = getattr(effect, "request", None)
-            if request is not None:
-                self._floor = max(self._floor, request.seq + 1)
-                break
+        self.outbox.replied(effects)
         for effect, outcome in zip(effects, outcomes, strict=True):
             kind = type(outcome)
             if kind is FinishDone or kind is Scheduled:
@@ -296,8 +314,47 @@ class WorkerMachine:
                         flight.slot = None
                         self._lease_lost(delivery_id)
         self._maybe_goodbye(now)
+        self._maybe_read(now)
 
     # -- handlers ------------------------------------------------------------
+
+    def _maybe_read(self, now: float) -> None:
+        """Ask for more work when this worker has room and no read is out."""
+        if self._reading or not self.accepting or not self.config.reads:
+            return
+        if self._read_at is not None:
+            if now < self._read_at:
+                return
+            self._read_at = None
+        capacity = self.capacity
+        if capacity == 0:
+            return
+        block = self.config.read_block
+        if self._next_due is not None:
+            block = min(block, max(self._next_due - now, 0.0))
+        self._reading = True
+        self._effects.append(
+            Read(
+                worker=self.config.name,
+                count=capacity,
+                now=now,
+                block=0.0 if self._recover else block,
+                redelivery_timeout=self.config.redelivery_timeout,
+                recover=self._recover,
+                then_pending=self.config.until_finished and not self.in_flight,
+            )
+        )
+        self._recover = False
+
+    def _read_done(self, event: ReadDone) -> None:
+        self._reading = False
+        self._next_due = event.next_due
+        if event.arrivals:
+            self._delivered(Delivered(arrivals=event.arrivals, now=event.now))
+        elif event.pending == 0 and not self.in_flight and self.config.until_finished:
+            self.finished = True
+            self.accepting = False
+        self._maybe_goodbye(event.now)
 
     def _delivered(self, event: Delivered) -> None:
         claims: list[ClaimItem] = []
@@ -331,7 +388,7 @@ class WorkerMachine:
                     worker=self.config.name,
                     items=tuple(claims),
                     now=event.now,
-                    request=self._request(),
+                    request=self.outbox.request(),
                 )
             )
 
@@ -345,7 +402,7 @@ class WorkerMachine:
                 now=now,
                 execution_ttl=self.config.execution_ttl,
                 problem=arrival.problem,
-                request=self._request(),
+                request=self.outbox.request(),
             )
         )
 
@@ -374,7 +431,7 @@ class WorkerMachine:
                     delivery_id=delivery_id,
                     message=flight.message,
                     scope=limit.scope,
-                    request=self._request(),
+                    request=self.outbox.request(),
                 )
             )
 
@@ -445,7 +502,7 @@ class WorkerMachine:
             error=error,
             started_at=flight.started_at,
             execution_ttl=self.config.execution_ttl,
-            request=self._request(),
+            request=self.outbox.request(),
         )
         if isinstance(effect, Schedule):
             retrying = effect.message.attempt > flight.message.attempt
@@ -467,7 +524,7 @@ class WorkerMachine:
             holder=self.holder(flight.delivery_id),
             now=now,
             scope=flight.policy.concurrency.scope,
-            request=self._request(),
+            request=self.outbox.request(),
         )
         flight.slot = None
         return release
@@ -513,20 +570,10 @@ class WorkerMachine:
             self._effects.append(CancelTask(delivery_id=delivery_id, reason="lease-lost"))
 
     def _store_failed(self, event: ReplyLost | StoreFailed) -> None:
-        now = event.now
         self.counters["store_errors"] += 1
-        if type(event) is StoreFailed:
-            self._refusals += 1
-            if self._refusals >= self.config.refusals_allowed:
-                self.fatal = f"the store refused a batch {self._refusals} times: {event.reason}"
-        if self._failing_since is None:
-            self._failing_since = now
-        if self.fatal is None and now - self._failing_since >= self.config.resend_window:
-            self._give_up(event.effects, now)
-            self._failing_since = now
-            return
-        self._failed = list(event.effects)
-        self._resend_at = now + self.config.retry_delay
+        given_up = self.outbox.failed(event)
+        if given_up:
+            self._give_up(given_up, event.now)
 
     def _give_up(self, effects: Sequence[StoreEffect], now: float) -> None:
         """Leave the deliveries of a batch the store never answered to the
@@ -548,16 +595,6 @@ class WorkerMachine:
                     del self.in_flight[flight.delivery_id]
         self._maybe_goodbye(now)
 
-    def _resend(self, now: float) -> None:
-        """Send the failed batch again, then what was held back, all at ``now``."""
-        held = self._effects
-        self._effects = [
-            attrs.evolve(e, now=now) if isinstance(e, StoreEffect) else e  # type: ignore[misc]
-            for e in (*self._failed, *held)
-        ]
-        self._failed = []
-        self._resend_at = None
-
     def _renewed(self, effect: RenewLeases) -> None:
         self._leases_confirmed_at = max(self._leases_confirmed_at, effect.now)
         for delivery_id in effect.delivery_ids:
@@ -578,8 +615,9 @@ class WorkerMachine:
                 self._lease_lost(flight.delivery_id)
 
     def _tick(self, now: float) -> None:
-        if self._resend_at is not None and now >= self._resend_at:
-            self._resend(now)
+        resent = self.outbox.resend(now, self._effects)
+        if resent is not None:
+            self._effects = resent
         if self.in_flight:
             self._fence(now)
         self._maybe_goodbye(now)
@@ -630,7 +668,14 @@ class WorkerMachine:
             )
 
     def _maybe_goodbye(self, now: float) -> None:
-        if not self.accepting and not self.in_flight and not self.said_goodbye:
+        # (a read still out may bring deliveries: they must reach this machine
+        # and be drained, or they would wait for their leases to lapse)
+        if (
+            not self.accepting
+            and not self.in_flight
+            and not self.said_goodbye
+            and not self._reading
+        ):
             self.said_goodbye = True
             self._effects.append(
                 Heartbeat(worker=self.config.name, tasks=self.config.tasks, now=now, leaving=True)

@@ -1,0 +1,115 @@
+"""The outbox of a worker machine: the identity of its store effects, and what
+follows a batch that got no reply or an error.
+
+Theory of operation
+-------------------
+Every remembered store effect gets a ``Request``: this machine's ``origin``
+(unique for its life), a number, the ``floor`` (the lowest number whose reply
+has not arrived: the store may forget the outcomes below it) and how long the
+store keeps outcomes (``remember``).  The machine sends one batch at a time.
+
+- A reply raises the floor past the batch and ends any failure streak.
+- A batch with no reply (``ReplyLost``) or an error (``StoreFailed``) is kept
+  for a resend at ``now + retry_delay``; until then the machine holds back its
+  other store effects, so nothing overtakes the failed batch.  The resend
+  carries the same requests, stamped with the time of the new attempt: the
+  store answers what already ran with its first outcome.
+- A streak longer than ``resend_window`` gives the batch up (the machine
+  leaves its deliveries to the store); the store remembers outcomes for longer
+  than that, so a resend never meets a store that forgot it.
+- ``refusals_allowed`` errors in a row make the failure ``fatal``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from .effects import Effect, Request, StoreEffect
+from .inputs import ReplyLost, StoreFailed
+
+
+class Outbox:
+    """Requests, resends and give-ups of one worker machine."""
+
+    def __init__(
+        self,
+        *,
+        origin: str,
+        remember: float,
+        retry_delay: float,
+        resend_window: float,
+        refusals_allowed: int,
+    ) -> None:
+        self._origin = origin
+        self._remember = remember
+        self._retry_delay = retry_delay
+        self._resend_window = resend_window
+        self._refusals_allowed = refusals_allowed
+        #: the last request number given, and the lowest one not yet answered
+        self._seq = 0
+        self._floor = 1
+        #: the batch to send again, and when
+        self._failed: list[StoreEffect] = []
+        self.resend_at: float | None = None
+        self._failing_since: float | None = None
+        self._refusals = 0
+        #: why the worker must stop: the store refused a batch for good
+        self.fatal: str | None = None
+
+    def request(self) -> Request:
+        """The identity of the next remembered effect."""
+        self._seq += 1
+        return Request(
+            origin=self._origin, seq=self._seq, floor=self._floor, remember=self._remember
+        )
+
+    def replied(self, effects: Sequence[StoreEffect]) -> None:
+        """The store answered ``effects``: their requests need no memory."""
+        self._failing_since = None
+        self._refusals = 0
+        for effect in reversed(effects):
+            request: Request | None = getattr(effect, "request", None)
+            if request is not None:
+                self._floor = max(self._floor, request.seq + 1)
+                return
+
+    def failed(self, event: ReplyLost | StoreFailed) -> tuple[StoreEffect, ...]:
+        """Keep the batch for a resend; returns it instead when it is given up
+        (or nothing, when the failure is fatal)."""
+        now = event.now
+        if type(event) is StoreFailed:
+            self._refusals += 1
+            if self._refusals >= self._refusals_allowed:
+                self.fatal = f"the store refused a batch {self._refusals} times: {event.reason}"
+                return ()
+        if self._failing_since is None:
+            self._failing_since = now
+        if now - self._failing_since >= self._resend_window:
+            self._failing_since = now
+            return event.effects
+        self._failed = list(event.effects)
+        self.resend_at = now + self._retry_delay
+        return ()
+
+    def hold_back(self, effects: list[Effect]) -> tuple[list[Effect], list[Effect]]:
+        """Split ``effects`` into what may go out now and what must wait for
+        the resend (the store effects, while one is pending)."""
+        if self.resend_at is None:
+            return effects, []
+        out = [e for e in effects if not isinstance(e, StoreEffect)]
+        return out, [e for e in effects if isinstance(e, StoreEffect)]
+
+    def resend(self, now: float, held: list[Effect]) -> list[Effect] | None:
+        """At the resend time, the failed batch and then ``held``, each store
+        effect stamped with ``now``; before it, ``None``."""
+        if self.resend_at is None or now < self.resend_at:
+            return None
+        effects = [
+            attrs.evolve(e, now=now) if isinstance(e, StoreEffect) else e  # type: ignore[misc]
+            for e in (*self._failed, *held)
+        ]
+        self._failed = []
+        self.resend_at = None
+        return effects

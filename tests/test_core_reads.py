@@ -1,0 +1,103 @@
+"""The worker machine decides its reads: how many deliveries to ask for, how
+long to block, when to recover lost deliveries, and when a worker running
+until finished is done."""
+
+from __future__ import annotations
+
+from test_core_worker_machine import arrival, make_machine, of_type
+
+from docket_core.sansio.effects import Claim, Heartbeat, Read
+from docket_core.sansio.inputs import (
+    ClaimDone,
+    ClaimVerdict,
+    ReadDone,
+    ReadFailed,
+    ShutdownRequested,
+    Tick,
+)
+from docket_core.sansio.worker import WorkerMachine
+
+
+def reading_machine(**settings: object) -> WorkerMachine:
+    settings.setdefault("reads", True)
+    settings.setdefault("read_block", 0.25)
+    return make_machine(**settings)
+
+
+def test_a_read_asks_for_the_free_capacity_and_only_one_is_out() -> None:
+    machine = reading_machine(concurrency=3)
+    machine.receive(Tick(now=0.0))
+    (read,) = of_type(machine.effects(), Read)
+    assert (read.count, read.block, read.recover, read.then_pending) == (3, 0.25, False, False)
+    machine.receive(Tick(now=0.1))
+    assert of_type(machine.effects(), Read) == []
+    machine.receive(ReadDone(arrivals=(arrival("d1"),), next_due=None, now=0.2))
+    effects = machine.effects()
+    assert len(of_type(effects, Claim)) == 1
+    (again,) = of_type(effects, Read)
+    assert again.count == 2
+
+
+def test_a_read_never_blocks_past_the_soonest_due_time() -> None:
+    machine = reading_machine()
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    machine.receive(ReadDone(arrivals=(), next_due=10.1, now=10.0))
+    (read,) = of_type(machine.effects(), Read)
+    assert abs(read.block - 0.1) < 1e-9
+
+
+def test_a_full_worker_reads_again_once_a_delivery_ends() -> None:
+    machine = reading_machine(concurrency=1)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    machine.receive(ReadDone(arrivals=(arrival("d1"),), next_due=None, now=0.0))
+    (claim,) = of_type(machine.effects(), Claim)
+    assert machine.capacity == 0
+    machine.store_replied([claim], [ClaimDone(verdicts=(("d1", ClaimVerdict.SUPERSEDED),))], 0.1)
+    (read,) = of_type(machine.effects(), Read)
+    assert read.count == 1
+
+
+def test_a_failed_read_is_followed_by_a_recovering_one_after_the_delay() -> None:
+    machine = reading_machine(retry_delay=2.0)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    machine.receive(ReadFailed(now=1.0, reason="connection lost"))
+    assert of_type(machine.effects(), Read) == []
+    assert machine.next_deadline() == 2.0  # the heartbeat; the read waits until 3.0
+    machine.receive(Tick(now=2.0))
+    assert of_type(machine.effects(), Read) == []
+    assert machine.next_deadline() == 3.0
+    machine.receive(Tick(now=3.0))
+    (read,) = of_type(machine.effects(), Read)
+    assert read.recover and read.block == 0.0
+    assert machine.counters["store_errors"] == 1
+
+
+def test_until_finished_stops_once_an_empty_read_finds_nothing_pending() -> None:
+    machine = reading_machine(until_finished=True)
+    machine.receive(Tick(now=0.0))
+    (read,) = of_type(machine.effects(), Read)
+    assert read.then_pending
+    machine.receive(ReadDone(arrivals=(), next_due=None, now=0.1, pending=1))
+    assert not machine.finished
+    machine.effects()
+    machine.receive(ReadDone(arrivals=(), next_due=None, now=0.2, pending=0))
+    assert machine.finished
+    (goodbye,) = machine.effects()
+    assert goodbye == Heartbeat(worker="w1", tasks=(), now=0.2, leaving=True)
+
+
+def test_a_read_still_out_at_shutdown_is_taken_in_before_goodbye() -> None:
+    """Deliveries a read brings must reach the machine (and be drained), or
+    they would wait in the store for their leases to lapse."""
+    machine = reading_machine()
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    machine.receive(ShutdownRequested(now=0.1))
+    assert of_type(machine.effects(), Heartbeat) == []
+    machine.receive(ReadDone(arrivals=(arrival("d1"),), next_due=None, now=0.2))
+    effects = machine.effects()
+    assert of_type(effects, Claim) and not of_type(effects, Read)
+    assert not machine.said_goodbye
