@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .sansio.values import Disposition, ExecutionRecord, ExecutionState, ProgressRecord
-from .serialization import loads_call, loads_value
+from .serialization import describe, loads_call, loads_value
 
 if TYPE_CHECKING:
     from .docket import Docket
@@ -242,10 +242,24 @@ class Execution:
             raise ExecutionCancelled(f"execution {self._key} was cancelled")
         if self.state is ExecutionState.FAILED:
             if self._result is not None:
-                error = loads_value(self._result)
-                if isinstance(error, BaseException):
+                try:
+                    error = loads_value(self._result)
+                except Exception as unreadable:
+                    raise Exception(
+                        f"{self.error or 'the task failed'} (its exception could not be "
+                        f"unpickled here: {describe(unreadable)})"
+                    ) from unreadable
+                if isinstance(error, Exception):
                     raise error
+            # (a SystemExit or KeyboardInterrupt the task raised is not raised
+            # here: it would stop the program waiting for the result)
             raise Exception(self.error or "the task failed")
         if self._result is not None:
-            return loads_value(self._result)
+            try:
+                return loads_value(self._result)
+            except Exception as unreadable:
+                raise ValueError(
+                    f"the result of execution {self._key} could not be unpickled here: "
+                    f"{describe(unreadable)}"
+                ) from unreadable
         return None

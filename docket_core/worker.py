@@ -526,21 +526,28 @@ class Worker:
                                 )
                             if value is not None and self.docket.execution_ttl.total_seconds() > 0:
                                 result = dumps_value(value)
+                                if result is None:
+                                    raise TypeError(
+                                        f"the result of {execution.function_name} "
+                                        f"({type(value).__name__}) cannot be pickled"
+                                    )
                         except ForcedRetry as forced:
                             outcome, error = TaskOutcome.FAILED, describe(forced)
                             follow_up = call.follow_up(time.time(), forced)
-                        except Exception as failure:
-                            outcome, error = TaskOutcome.FAILED, describe(failure)
-                            result = dumps_value(failure)
-                            instrumentation.failed(span, failure)
-                            logger.warning("%s failed: %s", execution.call_repr(), error)
+                        except BaseException as failure:
+                            if _docket_cancelled(failure, scope):
+                                raise
+                            outcome = TaskOutcome.FAILED
+                            error, result = self._task_failed(execution, failure, span, "")
                         if follow_up is None:
                             follow_up = call.follow_up(time.time())
-                except Exception as failure:
-                    outcome, error = TaskOutcome.FAILED, describe(failure)
-                    result = dumps_value(failure)
-                    instrumentation.failed(span, failure)
-                    logger.warning("%s failed in a dependency: %s", execution.function_name, error)
+                except BaseException as failure:
+                    if _docket_cancelled(failure, scope):
+                        raise
+                    outcome = TaskOutcome.FAILED
+                    error, result = self._task_failed(
+                        execution, failure, span, " in a dependency"
+                    )
             if scope.cancelled_caught:
                 instrumentation.interrupted(span, self._cancel_reasons.get(delivery_id))
         if metering:
@@ -562,7 +569,33 @@ class Worker:
         )
         self._dirty.set()
 
+    def _task_failed(
+        self, execution: Execution, failure: BaseException, span: Any, where: str
+    ) -> tuple[str, bytes | None]:
+        """Record what a task raised: any exception, even one that would stop
+        a program (``SystemExit``, ``KeyboardInterrupt``: the run fails, then
+        the worker stops after draining) or a cancellation docket did not
+        cause.  Returns the error text and the pickled exception, if it pickles."""
+        error = describe(failure)
+        instrumentation.failed(span, failure)
+        logger.warning("%s failed%s: %s", execution.call_repr(), where, error)
+        if isinstance(failure, SystemExit | KeyboardInterrupt):
+            logger.error(
+                "%s raised %s: worker %s stops after draining",
+                execution.function_name,
+                type(failure).__name__,
+                self.name,
+            )
+            self._stopping.set()
+        return error, dumps_value(failure)
+
     _strikes: StrikeList | None = None
+
+
+def _docket_cancelled(failure: BaseException, scope: anyio.CancelScope) -> bool:
+    """Whether ``failure`` is the cancellation docket asked for (a
+    ``CancelTask``): the run's scope takes it.  Any other is the task's own."""
+    return scope.cancel_called and isinstance(failure, anyio.get_cancelled_exc_class())
 
 
 async def _report(docket: Docket, key: str, generation: int, **changes: Any) -> Any:

@@ -11,8 +11,8 @@ that forks before using the docket never inherits one.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -41,6 +41,20 @@ _SCRIPTS = {name: Script(source) for name, source in SCRIPTS.items()}  # type: i
 REQUEST_TIMEOUT_MS = 10_000
 
 _FAILURES = (GlideConnectionError, GlideTimeoutError, ClosingError, OSError)
+
+
+@contextmanager
+def _store_errors() -> Iterator[None]:
+    """A lost connection or a "not now" reply (loading, failover) is
+    ``StoreUnavailable``; any other error reply is ``StoreError``."""
+    try:
+        yield
+    except _FAILURES as error:
+        raise StoreUnavailable(f"server unavailable: {error}") from error
+    except RequestError as error:
+        if transient(str(error)):
+            raise StoreUnavailable(f"the server is not ready: {error}") from error
+        raise StoreError(f"the server refused a command: {error}") from error
 
 PubSub = GlideClientConfiguration.PubSubSubscriptions
 Modes = GlideClientConfiguration.PubSubChannelModes
@@ -208,18 +222,14 @@ class GlideStore(ScriptedStore):
 
     async def acknowledge(self, ids: Sequence[str]) -> None:
         client = await self._main()
-        try:
+        with _store_errors():
             await client.xack(self.layout.stream, GROUP, list(ids))
             await client.xdel(self.layout.stream, list(ids))
-        except _FAILURES as error:
-            raise StoreUnavailable(f"server unavailable: {error}") from error
 
     async def hash_fields(self, key: str) -> list[Any]:
         client = await self._main()
-        try:
+        with _store_errors():
             mapping = await client.hgetall(key)
-        except _FAILURES as error:
-            raise StoreUnavailable(f"server unavailable: {error}") from error
         flat: list[Any] = []
         for field, value in mapping.items():
             flat += [field, value]
@@ -227,12 +237,10 @@ class GlideStore(ScriptedStore):
 
     async def strike_entries(self, after: str) -> list[tuple[str, bytes]]:
         client = await self._main()
-        try:
+        with _store_errors():
             reply: Any = await client.custom_command(
                 ["XRANGE", self.layout.strikes, f"({after}", "+"]
             )
-        except _FAILURES as error:
-            raise StoreUnavailable(f"server unavailable: {error}") from error
         entries = []
         for entry_id, fields in _stream_entries_flat(reply):
             data = dict(zip(fields[::2], fields[1::2], strict=True)).get(b"i")
@@ -242,10 +250,8 @@ class GlideStore(ScriptedStore):
 
     async def append_strike(self, data: bytes) -> str:
         client = await self._main()
-        try:
+        with _store_errors():
             entry_id = await client.custom_command(["XADD", self.layout.strikes, "*", "i", data])
-        except _FAILURES as error:
-            raise StoreUnavailable(f"server unavailable: {error}") from error
         return text(entry_id)
 
     @asynccontextmanager

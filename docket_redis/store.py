@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -18,6 +18,20 @@ from docket_core.sansio.errors import StoreError, StoreUnavailable, UsageError
 _SHAS = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in SCRIPTS.items()}
 
 _FAILURES = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+
+
+@contextmanager
+def _store_errors() -> Iterator[None]:
+    """A lost connection or a "not now" reply (loading, failover) is
+    ``StoreUnavailable``; any other error reply is ``StoreError``."""
+    try:
+        yield
+    except _FAILURES as error:
+        raise StoreUnavailable(f"Redis unavailable: {error}") from error
+    except redis_errors.ResponseError as error:
+        if transient(str(error)):
+            raise StoreUnavailable(f"Redis is not ready: {error}") from error
+        raise StoreError(f"Redis refused a command: {error}") from error
 
 
 class RedisStore(ScriptedStore):
@@ -117,36 +131,28 @@ class RedisStore(ScriptedStore):
         return entries
 
     async def acknowledge(self, ids: Sequence[str]) -> None:
-        try:
+        with _store_errors():
             pipe = self.client.pipeline(transaction=False)
             pipe.xack(self.layout.stream, GROUP, *ids)
             pipe.xdel(self.layout.stream, *ids)
             await pipe.execute()
-        except _FAILURES as error:
-            raise StoreUnavailable(f"Redis unavailable: {error}") from error
 
     async def hash_fields(self, key: str) -> list[Any]:
-        try:
+        with _store_errors():
             mapping: Any = await self.client.hgetall(key)
-        except _FAILURES as error:
-            raise StoreUnavailable(f"Redis unavailable: {error}") from error
         flat: list[Any] = []
         for field, value in mapping.items():
             flat += [field, value]
         return flat
 
     async def strike_entries(self, after: str) -> list[tuple[str, bytes]]:
-        try:
+        with _store_errors():
             entries: Any = await self.client.xrange(self.layout.strikes, min=f"({after}")
-        except _FAILURES as error:
-            raise StoreUnavailable(f"Redis unavailable: {error}") from error
         return [(text(entry_id), fields[b"i"]) for entry_id, fields in entries]
 
     async def append_strike(self, data: bytes) -> str:
-        try:
+        with _store_errors():
             entry_id = await self.client.xadd(self.layout.strikes, {"i": data})
-        except _FAILURES as error:
-            raise StoreUnavailable(f"Redis unavailable: {error}") from error
         return text(entry_id)
 
     @asynccontextmanager

@@ -113,3 +113,12 @@ class Server:
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL the server: no shutdown, no final flush (with ``--appendfsync
+        always`` every acknowledged write is already on disk); ``start()`` brings
+        it back on the same port and directory."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
