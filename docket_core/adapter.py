@@ -96,10 +96,24 @@ class StorageAdapter(Protocol):
         queued messages.  When there is nothing, wait up to ``block`` seconds,
         and never past the soonest due time, for something to be queued or
         scheduled, then return what there is (possibly nothing: the caller loops).
+
+        The server stores may hand out fewer than ``count`` while messages
+        are queued: a wake-up entry (put in the stream when a new soonest
+        message is scheduled, so blocked readers re-arm) counts against
+        ``count`` and is dropped.  The next read hands out the rest.
+
+        Stale slots: a read also frees the slots of the limits with waiters
+        whose holders have not renewed them for ``redelivery_timeout``
+        seconds (their worker died), and queues a waiter for each; a limit
+        nobody holds whose last woken waiter never took its slot within that
+        time wakes the next one.
         """
 
     async def pending(self) -> int:
-        """How many messages are scheduled, queued, parked or held by a worker."""
+        """How many messages are scheduled, queued, parked or held by a worker.
+
+        On the servers this also counts the wake-up entries not yet read
+        (see ``read``): a worker running until finished reads once more."""
 
     async def get_record(self, key: str) -> ExecutionRecord | None:
         """The key's record, or ``None`` when unknown or expired."""
@@ -121,7 +135,10 @@ class StorageAdapter(Protocol):
     ) -> ProgressRecord:
         """Update the key's progress and publish a progress event; with a
         ``generation`` that is no longer the key's (a superseded run still
-        reporting), change nothing and return the progress as it is."""
+        reporting), change nothing and return the progress as it is.
+        ``increment`` adds to ``current`` when both are given; an empty
+        ``message``, like ``clear_message``, clears it.  Progress reported for
+        a key without a record is dropped when the key is scheduled."""
 
     def subscribe(self, key: str) -> AbstractAsyncContextManager[AsyncIterator[Event]]:
         """Listen to the key's state and progress events (live ones only)."""

@@ -1,7 +1,8 @@
 """The data of one in-process docket and the primitive moves on it.
 
 Ready messages wait in an ordered dict by delivery id; future ones in a dict
-by key with a heap of ``(when, sequence, key, generation)`` beside it (stale
+by key with a heap of ``(when, key, sequence, generation)`` beside it (ties
+in ``when`` go in key order, as on the servers' sorted sets) (stale
 heap entries are skipped lazily); handed-out ones in ``held`` with their
 lease time.  Terminal records expire through a second heap.  Concurrency
 slots and waiters live in a ``Pool`` per scope, shared by the shelves of one
@@ -135,7 +136,7 @@ class Shelf:
     #: key -> delivery id of its ready message
     ready_ids: dict[str, str] = attrs.field(factory=dict)
     future: dict[str, TaskMessage] = attrs.field(factory=dict)
-    due_heap: list[tuple[float, int, str, int]] = attrs.field(factory=list)
+    due_heap: list[tuple[float, str, int, int]] = attrs.field(factory=list)
     held: dict[str, Held] = attrs.field(factory=dict)
     #: key -> the pool and limit it waits behind
     parked: dict[str, tuple[Pool, str]] = attrs.field(factory=dict)
@@ -209,7 +210,7 @@ class Shelf:
             self.future[message.key] = message
             heapq.heappush(
                 self.due_heap,
-                (message.when, next(self.ids), message.key, message.generation),
+                (message.when, message.key, next(self.ids), message.generation),
             )
             state = ExecutionState.SCHEDULED
         self.notify()
@@ -227,7 +228,7 @@ class Shelf:
     def next_due(self) -> float | None:
         heap = self.due_heap
         while heap:
-            when, _, key, generation = heap[0]
+            when, key, _, generation = heap[0]
             message = self.future.get(key)
             if message is not None and message.generation == generation:
                 return when
@@ -238,7 +239,7 @@ class Shelf:
         """Queue every scheduled message whose time has come."""
         heap = self.due_heap
         while heap and heap[0][0] <= now:
-            _, _, key, generation = heapq.heappop(heap)
+            _, key, _, generation = heapq.heappop(heap)
             message = self.future.get(key)
             if message is None or message.generation != generation:
                 continue

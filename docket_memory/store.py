@@ -171,6 +171,8 @@ class MemoryStore:
         message = effect.message
         key = message.key
         if effect.acknowledge is not None:
+            if not self._holds(effect.request, effect.acknowledge):
+                return Scheduled(key=key, accepted=False, generation=-1, state=None)
             shelf.held.pop(effect.acknowledge, None)
         record = shelf.records.get(key)
         if effect.expect_generation is not None and (
@@ -240,8 +242,18 @@ class MemoryStore:
             verdicts.append((item.delivery_id, verdict))
         return ClaimDone(verdicts=tuple(verdicts))
 
+    def _holds(self, request: Request | None, delivery_id: str) -> bool:
+        """Whether the sender of a worker's effect still holds the delivery
+        (a producer's effects, without a request, concern none)."""
+        if request is None:
+            return True
+        held = self.shelf.held.get(delivery_id)
+        return held is not None and held.worker == request.worker
+
     def _finish(self, effect: Finish) -> FinishDone:
         shelf = self.shelf
+        if not self._holds(effect.request, effect.delivery_id):
+            return FinishDone(delivery_id=effect.delivery_id, recorded=False)
         shelf.held.pop(effect.delivery_id, None)
         record = shelf.records.get(effect.key)
         if record is None or record.generation != effect.generation:
@@ -302,13 +314,16 @@ class MemoryStore:
 
     def _acquire(self, effect: AcquireSlot) -> SlotDone:
         shelf = self.shelf
+        if not self._holds(effect.request, effect.delivery_id):
+            return SlotDone(delivery_id=effect.delivery_id, acquired=False, lost=True)
         pool = shelf.pool(effect.scope)
         slots = pool.slots.setdefault(effect.limit_key, {})
         acquired = True
         if effect.holder not in slots and len(slots) >= effect.max_concurrent:
             stale = [h for h, t in slots.items() if t <= effect.now - effect.stale_after]
             if stale:
-                del slots[stale[0]]
+                # the holder renewed longest ago, as the servers take it
+                del slots[min(stale, key=lambda h: (slots[h], h))]
             else:
                 acquired = False
         if acquired:
@@ -380,10 +395,12 @@ class MemoryStore:
         if current is not None:
             changes["current"] = current
         if increment is not None:
-            changes["current"] = progress.current + increment
+            changes["current"] = changes.get("current", progress.current) + increment
         if total is not None:
             changes["total"] = total
-        if message is not None or clear_message:
+        if clear_message or message == "":
+            changes["message"] = None
+        elif message is not None:
             changes["message"] = message
         progress = attrs.evolve(progress, **changes)
         shelf.progress[key] = progress

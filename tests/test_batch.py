@@ -155,7 +155,7 @@ def test_consecutive_schedules_and_finishes_share_calls_in_order() -> None:
     # each call carries its memo header (empty: a producer does not resend),
     # then its effects' fields, packed into one argument, in order
     (header, packed) = calls[0][0].args[2:]
-    assert header == ""
+    assert header == b""
     assert isinstance(packed, bytes) and packed.startswith(b"1:a1:f0:")
     assert b"1:b1:f0:" in packed
 

@@ -36,7 +36,6 @@ from docket_core.sansio.inputs import (
     SlotDone,
 )
 from docket_core.sansio.values import ExecutionState, ScheduleMode
-from docket_memory.store import MemoryStore
 
 pytestmark = pytest.mark.anyio
 
@@ -46,7 +45,7 @@ async def noop(n: int) -> None:
 
 
 def request(seq: int, floor: int = 1, origin: str = "w1#test") -> Request:
-    return Request(origin=origin, seq=seq, floor=floor, remember=600.0)
+    return Request(origin=origin, worker="w1", seq=seq, floor=floor, remember=600.0)
 
 
 async def add(docket: Docket, *keys: str) -> None:
@@ -212,13 +211,11 @@ async def test_each_origin_has_its_own_outcomes(docket: Docket) -> None:
     ]
 
 
-@pytest.mark.backends("memory-asyncio")
-async def test_without_remembered_outcomes_a_resend_takes_the_slot(docket: Docket) -> None:
-    """The failure the outcome memory prevents, shown on a store that forgets:
-    the resent acquisition of a parked delivery takes the freed slot, while
+async def test_a_resend_without_identity_takes_the_slot(docket: Docket) -> None:
+    """The failure the requests prevent, on every backend: resent as before
+    the fix (no request, so neither remembered nor checked against its
+    holder), the acquisition of a parked delivery takes the freed slot while
     its woken message is queued again for a second run."""
-    assert isinstance(docket.adapter, MemoryStore)
-    docket.adapter.remember_outcomes = False
     now = time.time()
     await add(docket, "a", "b")
     a, b = await claim_as(docket, "w1", 2, now)
@@ -228,10 +225,37 @@ async def test_without_remembered_outcomes_a_resend_takes_the_slot(docket: Docke
     await docket.adapter.execute(
         [ReleaseSlot(limit_key="L", holder="w1/a", now=now, request=request(3))]
     )
-    (again,) = await docket.adapter.execute([attrs.evolve(wait, now=now + 1)])
+    (again,) = await docket.adapter.execute([attrs.evolve(wait, now=now + 1, request=None)])
     assert again == SlotDone(delivery_id=b.delivery_id, acquired=True)
     (woken,) = await claim_as(docket, "w2", 1, now + 1)
     assert woken.message.key == "b"
+
+
+async def test_a_late_finish_of_a_delivery_taken_over_changes_nothing(docket: Docket) -> None:
+    """w1's finish arrives after its lease lapsed and w2 took the delivery
+    over: the run is w2's to record."""
+    now = time.time()
+    await add(docket, "a")
+    (delivery,) = await claim_as(docket, "w1", 1, now)
+    await anyio.sleep(0.05)
+    over = await docket.adapter.read(
+        worker="w2", count=1, now=now + 100, redelivery_timeout=0.02, block=0
+    )
+    assert [d.delivery_id for d in over.deliveries] == [delivery.delivery_id]
+    late = Finish(
+        delivery_id=delivery.delivery_id,
+        key="a",
+        generation=delivery.message.generation,
+        state=ExecutionState.FAILED,
+        now=now + 100,
+        ttl=60,
+        request=request(1),
+    )
+    assert await docket.adapter.execute([late]) == [
+        FinishDone(delivery_id=delivery.delivery_id, recorded=False)
+    ]
+    record = await docket.adapter.get_record("a")
+    assert record is not None and record.state is ExecutionState.RUNNING
 
 
 def test_a_producer_add_is_not_remembered() -> None:

@@ -115,10 +115,12 @@ def test_a_store_that_keeps_a_shared_scope_per_docket_is_caught(
     assert "tasks run under" in _run_until_violation(range(5), 3000)
 
 
-def test_a_store_that_acts_again_on_a_resend_is_caught() -> None:
+def test_a_store_that_acts_again_on_a_resend_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """The chaos run's failure: a resent acquisition whose first send parked
     takes a freed slot, so the task runs while it also waits (or is queued
     again) for a second run."""
+    # the store before the fix: no memory of outcomes, no check of the holder
+    monkeypatch.setattr(MemoryStore, "_holds", lambda self, request, delivery_id: True)
     violation = _run_until_violation(range(60), 3000, remember_outcomes=False)
     assert "runs while it" in violation or "queued twice" in violation
 
@@ -135,6 +137,7 @@ def test_a_machine_that_resends_its_first_now_is_caught(monkeypatch: pytest.Monk
         return None if resent is None else [*failed, *held]
 
     monkeypatch.setattr(Outbox, "resend", resend_as_sent)
+    monkeypatch.setattr(MemoryStore, "_holds", lambda self, request, delivery_id: True)
     violation = _run_until_violation(range(60), 3000, remember_outcomes=False)
     assert "runs while it" in violation or "queued twice" in violation
 

@@ -34,11 +34,10 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Any
 
 import attrs
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -85,7 +84,7 @@ LIMITS = {"L1": 1, "L2": 2}
 #: never runs out within an example (see the module docstring)
 REDELIVERY = 100_000.0
 #: slots do go stale within an example: takeovers are part of the model
-STALE_AFTER = 30.0
+STALE_AFTER = 10.0
 #: records outlive every example (memory expires them on the virtual clock,
 #: Redis on the real one)
 TTL = 100_000.0
@@ -95,7 +94,12 @@ START = 1_000.0
 MEMORY, REDIS = 0, 1
 STORES = (MEMORY, REDIS)
 
-#: Known differences, each reported; excluded by name unless strict:
+#: Differences the machine found.  Fixed since, so no longer excluded (their
+#: exclusions stay, to be switched on by name): "stray-progress",
+#: "progress-reply-time", "unqueued-delivery",
+#: "progress-current-and-increment", "progress-message-and-clear",
+#: "due-ties".  Still excluded, and written into ``adapter.py``'s contract:
+#: "wake-entries" and "wake-read".
 #:
 #: - "stray-progress": progress reported for a key that has no record (a
 #:   stray report) survives a later add of the key on Redis
@@ -112,14 +116,55 @@ STORES = (MEMORY, REDIS)
 #:   (``schedule.lua`` adds one when a new soonest message is scheduled,
 #:   the next read acknowledges it) as messages.  Excluded by subtracting
 #:   the wake entries in the Redis stream from Redis's count.
+#: - "wake-read": a Redis read counts the wake entries it meets against
+#:   ``count`` (``read.lua``: ``XREADGROUP ... COUNT count - #out``, then
+#:   skips them), so a read of 1 that meets a leftover wake entry (its
+#:   scheduled message cancelled, say) hands out nothing although a message
+#:   is queued; the memory store hands it out.  Excluded by reading Redis
+#:   again for the rest, as the caller's loop would, while wake entries were
+#:   consumed and fewer than ``count`` came.
+#: - "unqueued-delivery": a delivered but not yet claimed message keeps its
+#:   record's ``sid`` on Redis (only ``claim.lua`` clears it), so a cancel or
+#:   a replace then ``XDEL``s the delivered entry.  It is still held by the
+#:   worker, but Redis's ``pending()`` no longer counts it, and the next
+#:   read (``XAUTOCLAIM``) or renewal (``XCLAIM``) silently drops it from the
+#:   group's pending list, after which its claim answers ``lost`` on Redis
+#:   but ``cancelled``/``superseded`` on memory (which still counts it as
+#:   held until then).  Excluded by adding such deliveries (found after
+#:   every step: ``find_unqueued``) to Redis's count, taking Redis's
+#:   ``lost`` for memory's verdict in their claims, and not renewing them.
+#: - "progress-current-and-increment": ``report_progress(current=c,
+#:   increment=i)``: memory sets ``old current + i`` (the increment overrides
+#:   ``current``), Redis sets ``c + i``.  Excluded by never passing both.
+#: - "due-ties": messages due at the same ``when`` are queued in insertion
+#:   order on memory (its due heap breaks ties by a sequence number), in key
+#:   order on Redis (a sorted set breaks score ties by member), so a read of
+#:   fewer than all of them hands out different keys.  Excluded by giving
+#:   each key its own fraction of a second in every future ``when``.
+#: - "progress-message-and-clear": ``report_progress(message=m,
+#:   clear_message=True)``: memory keeps ``m``, Redis clears it.  Excluded
+#:   by never passing both.
 STRICT = os.environ.get("DOCKET_DIFFERENTIAL_STRICT") == "1"
 KNOWN: frozenset[str] = (
     frozenset()
     if STRICT
-    else frozenset({"stray-progress", "progress-reply-time", "wake-entries"})
+    else frozenset(
+        {
+            # written into the contract (StorageAdapter.pending and read)
+            "wake-entries",
+            "wake-read",
+        }
+    )
 )
 
 URL: str | None = None
+
+
+def due(now: float, delay: float, key: str) -> float:
+    """The ``when`` of a message of ``key`` ``delay`` seconds from ``now``."""
+    if delay > 0 and "due-ties" in KNOWN:
+        return now + delay + KEYS.index(key) / 10
+    return now + delay
 
 
 def run(loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -142,6 +187,8 @@ class Handle:
     slot: tuple[str, str] | None = None  # (limit, holder)
     #: part of a batch whose reply was dropped: nothing may act on it but the resend
     locked: bool = False
+    #: its key was cancelled or replaced before it was claimed
+    unqueued: bool = False
 
 
 @attrs.define
@@ -177,7 +224,8 @@ class StoreDifferential(RuleBasedStateMachine):
         self.next_handle = 1
         self.next_seq = dict.fromkeys(WORKERS, 1)
         self.last: dict[str, Sent] = {}
-        self.steps = 0
+        #: every handle ever marked ``unqueued`` (see "unqueued-delivery")
+        self.unqueued_names: set[str] = set()
 
     def teardown(self) -> None:
         try:
@@ -221,10 +269,30 @@ class StoreDifferential(RuleBasedStateMachine):
         the floor is the first of them."""
         first = self.next_seq[worker]
         self.next_seq[worker] += count
+        # ``Request.worker`` (the consumer the origin reads as) is newer
+        # than some versions of the contract: pass it where it exists
+        extra = {"worker": worker} if "worker" in attrs.fields_dict(Request) else {}
         return [
-            Request(origin=f"{worker}#{self.name}", seq=first + i, floor=first, remember=REMEMBER)
+            Request(
+                origin=f"{worker}#{self.name}",
+                seq=first + i,
+                floor=first,
+                remember=REMEMBER,
+                **extra,
+            )
             for i in range(count)
         ]
+
+    def find_unqueued(self) -> None:
+        """Mark the deliveries held but not claimed whose stream entry Redis
+        deleted (see "unqueued-delivery" in ``KNOWN``)."""
+        store = self.stores[REDIS]
+        for h in self.handles.values():
+            if h.held and not h.claimed and not h.locked and not h.unqueued:
+                entry_id = h.ids[REDIS]
+                if not run(self.loop, store.client.xrange(store.layout.stream, entry_id, entry_id)):
+                    h.unqueued = True
+                    self.unqueued_names.add(h.name)
 
     def blocked(self, worker: str) -> bool:
         sent = self.last.get(worker)
@@ -253,6 +321,20 @@ class StoreDifferential(RuleBasedStateMachine):
                 continue
             for s, o in ((MEMORY, om), (REDIS, orr)):
                 out[s].append(self._canonical_one(s, o))
+        if "unqueued-delivery" in KNOWN:
+            for i, (om, orr) in enumerate(zip(*out, strict=True)):
+                if isinstance(om, tuple) and om[0] == "claim" and isinstance(orr, tuple):
+                    out[REDIS][i] = (
+                        "claim",
+                        tuple(
+                            (name, vm)
+                            if vr is ClaimVerdict.LOST
+                            and vm in (ClaimVerdict.CANCELLED, ClaimVerdict.SUPERSEDED)
+                            and name in self.unqueued_names
+                            else (name, vr)
+                            for (name, vm), (_, vr) in zip(om[1], orr[1], strict=True)
+                        ),
+                    )
         assert out[MEMORY] == out[REDIS], (
             f"outcomes differ:\n  memory: {out[MEMORY]}\n  redis:  {out[REDIS]}"
         )
@@ -260,7 +342,9 @@ class StoreDifferential(RuleBasedStateMachine):
 
     def _canonical_one(self, s: int, o: Outcome) -> Any:
         if isinstance(o, Scheduled):
-            return attrs.evolve(o, generation=o.generation if o.generation == -1 else self._look(s, o.generation))
+            return attrs.evolve(
+                o, generation=o.generation if o.generation == -1 else self._look(s, o.generation)
+            )
         if isinstance(o, ClaimDone):
             return ("claim", tuple((self._handle_of(s, d), v) for d, v in o.verdicts))
         if isinstance(o, FinishDone):
@@ -327,7 +411,9 @@ class StoreDifferential(RuleBasedStateMachine):
         self.forget()
 
     def forget(self) -> None:
-        for name in [n for n, h in self.handles.items() if not h.held and h.slot is None and not h.locked]:
+        for name in [
+            n for n, h in self.handles.items() if not h.held and h.slot is None and not h.locked
+        ]:
             del self.handles[name]
 
     # -- rules: producers ---------------------------------------------------------
@@ -345,17 +431,13 @@ class StoreDifferential(RuleBasedStateMachine):
                     key=key,
                     function="task",
                     payload=payload,
-                    when=self.now + delay,
+                    when=due(self.now, delay, key),
                     mode=mode,
                     now=self.now,
                 )
                 for key in keys
             ]
         )
-
-    @rule(key=st.sampled_from(KEYS))
-    def producer_cancel(self, key: str) -> None:
-        self.execute(lambda s: [Cancel(key=key, now=self.now, ttl=TTL)])
 
     @rule(delta=st.sampled_from([1.0, 5.0, 10.0, 20.0, 31.0]))
     def tick(self, delta: float) -> None:
@@ -382,6 +464,10 @@ class StoreDifferential(RuleBasedStateMachine):
     ) -> None:
         if "stray-progress" in KNOWN and self.both("get_record", key) == (None, None):
             return
+        if "progress-current-and-increment" in KNOWN and current is not None:
+            increment = None
+        if "progress-message-and-clear" in KNOWN and message is not None:
+            clear_message = False
         generation = data.draw(st.none() | st.sampled_from(sorted(self.store_gen[MEMORY]) or [0]))
         replies = tuple(
             run(
@@ -389,7 +475,9 @@ class StoreDifferential(RuleBasedStateMachine):
                 self.stores[s].report_progress(
                     key,
                     now=self.now,
-                    generation=None if generation is None else self.store_gen[s].get(generation, -5),
+                    generation=None
+                    if generation is None
+                    else self.store_gen[s].get(generation, -5),
                     current=current,
                     increment=increment,
                     total=total,
@@ -405,17 +493,54 @@ class StoreDifferential(RuleBasedStateMachine):
 
     # -- rules: workers -----------------------------------------------------------
 
-    @rule(worker=st.sampled_from(WORKERS), count=st.integers(1, 3))
-    def read(self, worker: str, count: int) -> None:
-        results = self.both(
-            "read", worker=worker, count=count, now=self.now, redelivery_timeout=REDELIVERY, block=0
-        )
+    @rule(
+        worker=st.sampled_from(WORKERS),
+        count=st.integers(1, 3),
+        claim=st.booleans(),
+        limit=st.none() | st.sampled_from(["L1", "L1", "L2"]),
+        drop=st.sampled_from([False, False, True]),
+    )
+    def read(self, worker: str, count: int, claim: bool, limit: str | None, drop: bool) -> None:
+        """A read and, as a worker goes on, a claim of what it brought, and
+        the acquisition of a slot for each claimed delivery."""
+        taken = self._read(worker, count)
+        if not (claim and taken) or self.blocked(worker):
+            return
+        self._claim(worker, taken, drop)
+        claimed = [h for h in taken if h.held and h.claimed and not h.locked]
+        if limit is not None and claimed:
+            self._acquire(worker, claimed, limit, drop)
+
+    def _read(self, worker: str, count: int) -> list[Handle]:
+        options = dict(worker=worker, now=self.now, redelivery_timeout=REDELIVERY, block=0)
+        results = self.both("read", count=count, **options)
+        if "wake-read" in KNOWN:
+            redis = results[REDIS]
+            wakes = self.wake_entries()
+            while len(redis.deliveries) < count:
+                more = run(
+                    self.loop,
+                    self.stores[REDIS].read(count=count - len(redis.deliveries), **options),
+                )
+                consumed, wakes = wakes - self.wake_entries(), self.wake_entries()
+                redis = attrs.evolve(redis, deliveries=redis.deliveries + more.deliveries)
+                if not consumed:
+                    break
+            results = (results[MEMORY], redis)
         seen: tuple[list[Any], list[Any]] = ([], [])
         for s in STORES:
             for d in results[s].deliveries:
                 m = d.message
                 seen[s].append(
-                    (m.key, self._look(s, m.generation), m.function, m.payload, m.when, m.attempt, d.redelivered)
+                    (
+                        m.key,
+                        self._look(s, m.generation),
+                        m.function,
+                        m.payload,
+                        m.when,
+                        m.attempt,
+                        d.redelivered,
+                    )
                 )
         assert sorted(seen[MEMORY]) == sorted(seen[REDIS]), (
             f"reads differ:\n  memory: {seen[MEMORY]}\n  redis:  {seen[REDIS]}"
@@ -423,7 +548,11 @@ class StoreDifferential(RuleBasedStateMachine):
         assert results[MEMORY].next_due == results[REDIS].next_due, (
             f"next_due differs: {results[MEMORY].next_due} != {results[REDIS].next_due}"
         )
-        redis_by = {(d.message.key, self._look(REDIS, d.message.generation)): d for d in results[REDIS].deliveries}
+        taken = []
+        redis_by = {
+            (d.message.key, self._look(REDIS, d.message.generation)): d
+            for d in results[REDIS].deliveries
+        }
         for dm in results[MEMORY].deliveries:
             generation = self._look(MEMORY, dm.message.generation)
             dr = redis_by[(dm.message.key, generation)]
@@ -439,13 +568,21 @@ class StoreDifferential(RuleBasedStateMachine):
             )
             self.by_id[MEMORY][dm.delivery_id] = name
             self.by_id[REDIS][dr.delivery_id] = name
+            taken.append(self.handles[name])
+        return taken
 
-    @rule(data=st.data(), worker=st.sampled_from(WORKERS), drop=st.sampled_from([False, False, True]))
-    def claim(self, data: st.DataObject, worker: str, drop: bool) -> None:
+    @precondition(lambda self: any(h.held and not h.claimed for h in self.free_handles()))
+    @rule(data=st.data(), drop=st.sampled_from([False, False, True]))
+    def claim(self, data: st.DataObject, drop: bool) -> None:
+        workers = sorted({h.worker for h in self.free_handles() if h.held and not h.claimed})
+        worker = data.draw(st.sampled_from(workers))
         candidates = [h for h in self.free_handles(worker) if h.held and not h.claimed]
-        if not candidates:
-            return
-        chosen = data.draw(st.lists(st.sampled_from(candidates), min_size=1, unique_by=lambda h: h.name))
+        chosen = data.draw(
+            st.lists(st.sampled_from(candidates), min_size=1, unique_by=lambda h: h.name)
+        )
+        self._claim(worker, chosen, drop)
+
+    def _claim(self, worker: str, chosen: list[Handle], drop: bool) -> None:
         (request,) = self.request(worker, 1)
         self.send(
             worker,
@@ -454,7 +591,9 @@ class StoreDifferential(RuleBasedStateMachine):
                 Claim(
                     worker=worker,
                     items=tuple(
-                        ClaimItem(delivery_id=h.ids[s], key=h.key, generation=h.messages[s].generation)
+                        ClaimItem(
+                            delivery_id=h.ids[s], key=h.key, generation=h.messages[s].generation
+                        )
                         for h in chosen
                     ),
                     now=self.now,
@@ -464,7 +603,14 @@ class StoreDifferential(RuleBasedStateMachine):
             drop,
         )
 
-    @rule(data=st.data(), limit=st.sampled_from(sorted(LIMITS)), drop=st.sampled_from([False, False, True]))
+    @precondition(
+        lambda self: any(h.held and h.claimed and not h.acquire_tried for h in self.free_handles())
+    )
+    @rule(
+        data=st.data(),
+        limit=st.sampled_from(["L1", "L1", "L2"]),
+        drop=st.sampled_from([False, False, True]),
+    )
     def acquire(self, data: st.DataObject, limit: str, drop: bool) -> None:
         candidates = [
             h for h in self.free_handles() if h.held and h.claimed and not h.acquire_tried
@@ -472,12 +618,17 @@ class StoreDifferential(RuleBasedStateMachine):
         if not candidates:
             return
         handle = data.draw(st.sampled_from(candidates))
-        handle.acquire_tried = True
-        holder = f"{handle.worker}/{handle.name}"
-        (request,) = self.request(handle.worker, 1)
+        self._acquire(handle.worker, [handle], limit, drop)
+
+    def _acquire(self, worker: str, handles: list[Handle], limit: str, drop: bool) -> None:
+        """One batch of acquisitions of ``limit``, one per handle."""
+        requests = self.request(worker, len(handles))
+        holders = [f"{h.worker}/{h.name}" for h in handles]
+        for handle in handles:
+            handle.acquire_tried = True
         self.send(
-            handle.worker,
-            [("acquire", [handle], limit, holder)],
+            worker,
+            [("acquire", [h], limit, holder) for h, holder in zip(handles, holders, strict=True)],
             lambda s: [
                 AcquireSlot(
                     limit_key=limit,
@@ -489,10 +640,12 @@ class StoreDifferential(RuleBasedStateMachine):
                     message=handle.messages[s],
                     request=request,
                 )
+                for handle, holder, request in zip(handles, holders, requests, strict=True)
             ],
             drop,
         )
 
+    @precondition(lambda self: any(h.slot is not None for h in self.free_handles()))
     @rule(data=st.data(), drop=st.sampled_from([False, False, True]))
     def release(self, data: st.DataObject, drop: bool) -> None:
         candidates = [h for h in self.free_handles() if h.slot is not None]
@@ -509,6 +662,7 @@ class StoreDifferential(RuleBasedStateMachine):
             drop,
         )
 
+    @precondition(lambda self: any(h.held and h.claimed for h in self.free_handles()))
     @rule(
         data=st.data(),
         state=st.sampled_from([ExecutionState.COMPLETED, ExecutionState.FAILED]),
@@ -551,12 +705,15 @@ class StoreDifferential(RuleBasedStateMachine):
             ]
             if slot:
                 effects.append(
-                    ReleaseSlot(limit_key=slot[0], holder=slot[1], now=self.now, request=requests[1])
+                    ReleaseSlot(
+                        limit_key=slot[0], holder=slot[1], now=self.now, request=requests[1]
+                    )
                 )
             return effects
 
         self.send(handle.worker, spec, build, drop)
 
+    @precondition(lambda self: any(h.held and h.claimed for h in self.free_handles()))
     @rule(
         data=st.data(),
         delay=st.sampled_from([0.0, 1.0, 10.0]),
@@ -576,7 +733,9 @@ class StoreDifferential(RuleBasedStateMachine):
             lambda s: [
                 Schedule(
                     message=attrs.evolve(
-                        handle.messages[s], when=self.now + delay, attempt=handle.messages[s].attempt + 1
+                        handle.messages[s],
+                        when=due(self.now, delay, handle.key),
+                        attempt=handle.messages[s].attempt + 1,
                     ),
                     mode=ScheduleMode.REPLACE,
                     now=self.now,
@@ -588,9 +747,17 @@ class StoreDifferential(RuleBasedStateMachine):
             drop,
         )
 
-    @rule(worker=st.sampled_from(WORKERS), key=st.sampled_from(KEYS), drop=st.sampled_from([False, True]))
-    def worker_cancel(self, worker: str, key: str, drop: bool) -> None:
-        if self.blocked(worker):
+    @rule(
+        key=st.sampled_from(KEYS),
+        worker=st.sampled_from((None, *WORKERS)),
+        drop=st.sampled_from([False, False, True]),
+    )
+    def cancel(self, key: str, worker: str | None, drop: bool) -> None:
+        """A producer's cancel (no request), or one a worker sends."""
+        if worker is not None and self.blocked(worker):
+            return
+        if worker is None:
+            self.execute(lambda s: [Cancel(key=key, now=self.now, ttl=TTL)])
             return
         (request,) = self.request(worker, 1)
         self.send(
@@ -603,7 +770,11 @@ class StoreDifferential(RuleBasedStateMachine):
     @rule(worker=st.sampled_from(WORKERS))
     def renew(self, worker: str) -> None:
         mine = [h for h in self.free_handles(worker)]
-        held = [h for h in mine if h.held]
+        held = [
+            h
+            for h in mine
+            if h.held and not (h.unqueued and not h.claimed and "unqueued-delivery" in KNOWN)
+        ]
         slotted = [h for h in mine if h.slot is not None]
         (outcome,) = self.execute(
             lambda s: [
@@ -636,7 +807,7 @@ class StoreDifferential(RuleBasedStateMachine):
             lambda s: [attrs.evolve(e, now=self.now) for e in sent.effects[s]]  # type: ignore[misc]
         )
         # the first outcome, or the documented replay exceptions
-        for (kind, handles, *rest), first, now in zip(sent.spec, sent.first, again, strict=True):
+        for (kind, handles, *_rest), first, now in zip(sent.spec, sent.first, again, strict=True):
             if kind == "claim":
                 for handle, (_, v1), (_, v2) in zip(handles, first[1], now[1], strict=True):
                     if v1 is ClaimVerdict.CLAIMED and v2 is ClaimVerdict.LOST:
@@ -659,7 +830,7 @@ class StoreDifferential(RuleBasedStateMachine):
             self.apply(sent.spec, again)
         else:
             # a duplicate: only the replay exceptions tell the worker something
-            for (kind, handles, *rest), now in zip(sent.spec, again, strict=True):
+            for (kind, handles, *_rest), now in zip(sent.spec, again, strict=True):
                 if kind == "acquire" and now[3]:
                     handles[0].slot = None
             self.forget()
@@ -673,6 +844,8 @@ class StoreDifferential(RuleBasedStateMachine):
 
     @invariant()
     def stores_agree(self) -> None:
+        if "unqueued-delivery" in KNOWN:
+            self.find_unqueued()
         for key in KEYS:
             records = self.both("get_record", key)
             assert (records[MEMORY] is None) == (records[REDIS] is None), (
@@ -690,13 +863,21 @@ class StoreDifferential(RuleBasedStateMachine):
         memory_pending, redis_pending = self.both("pending")
         if "wake-entries" in KNOWN:
             redis_pending -= self.wake_entries()
+        if "unqueued-delivery" in KNOWN:
+            redis_pending += sum(
+                1
+                for h in self.handles.values()
+                if h.held and h.unqueued and not h.claimed and not h.locked
+            )
         pending = (memory_pending, redis_pending)
-        assert pending[MEMORY] == pending[REDIS], f"pending: memory {pending[MEMORY]}, redis {pending[REDIS]}"
+        assert pending[MEMORY] == pending[REDIS], (
+            f"pending: memory {pending[MEMORY]}, redis {pending[REDIS]}"
+        )
 
 
 SETTINGS = settings(
-    max_examples=25,
-    stateful_step_count=30,
+    max_examples=100,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

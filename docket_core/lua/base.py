@@ -52,13 +52,25 @@ STRIKE_REFRESH_SECONDS = 1.0
 #: the longest a server may overrun a blocked read's timeout (1 / hz, hz=10)
 SERVER_TICK = 0.1
 
-#: server replies that mean "not now" rather than "never"
-_TRANSIENT_REPLIES = ("LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY")
+#: server replies that mean "not now" rather than "never", as redis-py and
+#: GLIDE word them (GLIDE says "BusyLoadingError: Redis is loading ..."); a
+#: store out of memory refuses writes until memory frees, so it is one too
+_TRANSIENT_REPLIES = (
+    "loading",
+    "busy",
+    "tryagain",
+    "masterdown",
+    "clusterdown",
+    "readonly",
+    "oom ",
+)
 
 
 def transient(message: str) -> bool:
-    """Whether a server error reply is worth retrying (a restart, a failover)."""
-    return any(word in message for word in _TRANSIENT_REPLIES)
+    """Whether a server error reply is worth retrying (a restart, a failover,
+    a full memory)."""
+    lowered = message.lower()
+    return any(word in lowered for word in _TRANSIENT_REPLIES)
 
 
 class ScriptedStore(abc.ABC):

@@ -20,17 +20,22 @@ local function unpack_fields(blob)
 end
 
 -- Outcomes kept for resends (docket_core.sansio.effects.Request).  A script
--- that remembers takes ARGV[3] = "<floor>:<remember_ms>:<origin>" ('' for an
--- effect nobody resends), and each effect's request number with its fields.
--- The hash P:did:<origin> maps request numbers to JSON outcomes; numbers
--- below the floor (their replies arrived) are dropped, and the whole hash
--- expires remember_ms after the origin's last remembered call.
-local MEMO = false
+-- that remembers takes ARGV[3] = floor, remember_ms, worker and origin packed
+-- as a batch's fields are ('' for an effect nobody resends), and each
+-- effect's request number with its fields.  The hash P:did:<origin> maps
+-- request numbers to JSON outcomes; numbers below the floor (their replies
+-- arrived) are dropped, and the whole hash expires remember_ms after the
+-- origin's last remembered call.  WORKER is the sender's consumer name: an
+-- effect on a delivery acts only while WORKER holds it.
+local MEMO, WORKER = false, false
 local function open_memo(header)
   if header == '' then return end
-  local floor, ttl, origin = string.match(header, '^(%d+):(%d+):(.+)$')
-  if not floor then error('docket: malformed memo header ' .. header) end
-  floor = tonumber(floor)
+  local h = unpack_fields(header)
+  local floor, ttl, origin = tonumber(h[1]), tonumber(h[2]), h[4]
+  if #h ~= 4 or not floor or not ttl or origin == '' then
+    error('docket: malformed memo header')
+  end
+  WORKER = h[3]
   MEMO = P .. ':did:' .. origin
   local old = tonumber(redis.call('HGET', MEMO, '_floor') or floor)
   if floor - old > 10000 then
@@ -96,7 +101,10 @@ local function unqueue(key)
   local run = run_key(key)
   local sid = redis.call('HGET', run, 'sid')
   if sid then
-    redis.call('XDEL', Q, sid)
+    -- a message already handed to a worker (not yet claimed) stays with it:
+    -- its claim answers cancelled or superseded and acknowledges it
+    local ok, held = pcall(redis.call, 'XPENDING', Q, GROUP, sid, sid, 1)
+    if not (ok and held[1]) then redis.call('XDEL', Q, sid) end
     redis.call('HDEL', run, 'sid')
   end
   redis.call('ZREM', DUE, key)

@@ -1,12 +1,13 @@
 -- Progress: ARGV = prefix, group, key, now, current, increment, total, message,
 -- clear_message, generation.  Empty strings mean "unchanged"; a generation
 -- that is no longer the key's (a superseded run) changes nothing.
--- Returns {current, total, message}.
+-- An empty message, like clear_message, clears it.
+-- Returns {current, total, message, updated}.
 local key, now = ARGV[3], ARGV[4]
 local prog = prog_key(key)
 if ARGV[10] ~= '' and redis.call('HGET', run_key(key), 'g') ~= ARGV[10] then
-  local r = redis.call('HMGET', prog, 'current', 'total', 'message')
-  return {r[1] or '0', r[2] or '100', r[3] or false}
+  local r = redis.call('HMGET', prog, 'current', 'total', 'message', 'updated')
+  return {r[1] or '0', r[2] or '100', r[3] or false, r[4] or false}
 end
 if ARGV[5] ~= '' then redis.call('HSET', prog, 'current', ARGV[5]) end
 if ARGV[6] ~= '' then redis.call('HINCRBY', prog, 'current', ARGV[6]) end
@@ -24,4 +25,4 @@ local event = {type = 'progress', current = current, total = total,
                updated_at = tonumber(now)}
 event['message'] = r[3] or cjson.null
 publish(key, event)
-return {tostring(current), tostring(total), r[3] or false}
+return {tostring(current), tostring(total), r[3] or false, now}

@@ -135,11 +135,18 @@ class Layout:
         return self.call(name, memo_header(request), *args)
 
 
-def memo_header(request: Request | None) -> str:
-    """``<floor>:<remember_ms>:<origin>``, or empty for an effect nobody resends."""
+def memo_header(request: Request | None) -> bytes:
+    """The floor, the memory in ms, the worker and the origin as packed
+    fields (``open_memo`` in the prelude); empty for an effect nobody resends."""
     if request is None:
-        return ""
-    return f"{request.floor}:{int(request.remember * 1000)}:{request.origin}"
+        return b""
+    fields = (
+        b"%d" % request.floor,
+        b"%d" % int(request.remember * 1000),
+        request.worker.encode(),
+        request.origin.encode(),
+    )
+    return b"".join(b"%d:%b" % (len(field), field) for field in fields)
 
 
 def request_seq(effect: StoreEffect) -> bytes:
@@ -504,18 +511,18 @@ def progress_call(
         opt(increment),
         opt(total),
         message or "",
-        "1" if clear_message else "0",
+        "1" if clear_message or message == "" else "0",
         opt(generation),
     )
 
 
 def parse_progress_reply(reply: Any, now: float) -> ProgressRecord:
-    current, total, message = reply
+    current, total, message, updated = reply
     return ProgressRecord(
         current=int(text(current)),
         total=int(text(total)),
         message=text(message) if message is not None else None,
-        updated_at=now,
+        updated_at=float(text(updated)) if updated is not None else None,
     )
 
 

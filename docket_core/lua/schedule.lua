@@ -8,6 +8,8 @@
 local before = false
 local replies = {}
 local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect)
+  -- a follow-up of a delivery another worker took over changes nothing
+  if ack ~= '' and WORKER and holder_of(ack) ~= WORKER then return {0, '-1', ''} end
   acknowledge(ack)
   local run = run_key(key)
   local record = redis.call('HMGET', run, 'state', 'g')
@@ -22,10 +24,11 @@ local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect)
     -- a record without a live message needs no unqueue (records of live keys
     -- never expire), so a new key skips this part
     unqueue(key)
-    redis.call('DEL', prog_key(key))
     redis.call('HDEL', run, 'worker', 'started', 'completed', 'error', 'result')
     redis.call('PERSIST', run)
   end
+  -- (progress reported for a key without a record is dropped too)
+  redis.call('DEL', prog_key(key))
   gen = next_generation()
   redis.call('HSET', run, 'f', fn, 'p', payload, 'w', when, 'a', attempt, 'g', gen)
   if tonumber(when) <= tonumber(now) then

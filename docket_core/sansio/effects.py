@@ -57,12 +57,19 @@ class Request:
     """The identity of one store effect, for answering its resends.
 
     ``origin`` names the sender (one worker machine's life: unique, never
-    reused), ``seq`` numbers its effects.  The store may forget the outcomes of
-    the origin's requests below ``floor`` (their replies arrived), and forgets
-    all of them ``remember`` seconds after the origin's last request; the
-    sender never resends past that."""
+    reused), ``worker`` the consumer it reads as, ``seq`` numbers its effects.
+    An effect that acknowledges or admits a delivery (``Finish``, a follow-up
+    ``Schedule``, ``AcquireSlot``) acts only while ``worker`` still holds the
+    delivery: one sent (or resent) after its lease lapsed and another worker
+    took it over changes nothing, and the other worker's run decides.
+
+    The store may forget the outcomes of the origin's requests below
+    ``floor`` (their replies arrived), and forgets all of them ``remember``
+    seconds after the origin's last request; the sender never resends past
+    that."""
 
     origin: str
+    worker: str
     seq: int
     floor: int
     remember: float
@@ -88,7 +95,8 @@ class Schedule(StoreEffect):
       the next run of a perpetual task replaces the message it came from).
 
     A message whose ``when <= now`` is queued at once; a later one is scheduled.
-    The new generation is ``previous + 1``.  A state event is published.
+    The new generation comes from one docket-wide counter (never reused).
+    A state event is published.
     """
 
     message: TaskMessage

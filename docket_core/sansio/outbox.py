@@ -37,12 +37,14 @@ class Outbox:
         self,
         *,
         origin: str,
+        worker: str,
         remember: float,
         retry_delay: float,
         resend_window: float,
         refusals_allowed: int,
     ) -> None:
         self._origin = origin
+        self._worker = worker
         self._remember = remember
         self._retry_delay = retry_delay
         self._resend_window = resend_window
@@ -62,7 +64,11 @@ class Outbox:
         """The identity of the next remembered effect."""
         self._seq += 1
         return Request(
-            origin=self._origin, seq=self._seq, floor=self._floor, remember=self._remember
+            origin=self._origin,
+            worker=self._worker,
+            seq=self._seq,
+            floor=self._floor,
+            remember=self._remember,
         )
 
     def replied(self, effects: Sequence[StoreEffect]) -> None:

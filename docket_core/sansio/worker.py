@@ -175,6 +175,7 @@ class WorkerMachine:
         self._holder_prefix = f"{docket}{config.name}/"
         self.outbox = Outbox(
             origin=config.origin or config.name,
+            worker=config.name,
             remember=config.remember,
             retry_delay=config.retry_delay,
             resend_window=config.resend_window,
