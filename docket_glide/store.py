@@ -222,9 +222,13 @@ class GlideStore(ScriptedStore):
 
     async def acknowledge(self, ids: Sequence[str]) -> None:
         client = await self._main()
+        # one transaction: an entry acknowledged but not deleted (the
+        # connection lost between the two) would stay in the stream for good
+        batch = Batch(is_atomic=True)
+        batch.xack(self.layout.stream, GROUP, list(ids))
+        batch.xdel(self.layout.stream, list(ids))
         with _store_errors():
-            await client.xack(self.layout.stream, GROUP, list(ids))
-            await client.xdel(self.layout.stream, list(ids))
+            await client.exec(batch, raise_on_error=True)
 
     async def hash_fields(self, key: str) -> list[Any]:
         client = await self._main()

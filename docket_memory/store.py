@@ -243,12 +243,12 @@ class MemoryStore:
         return ClaimDone(verdicts=tuple(verdicts))
 
     def _holds(self, request: Request | None, delivery_id: str) -> bool:
-        """Whether the sender of a worker's effect still holds the delivery
-        (a producer's effects, without a request, concern none)."""
+        """Whether no other worker than the sender of a worker's effect holds
+        the delivery now (a producer's effects, without a request, concern none)."""
         if request is None:
             return True
         held = self.shelf.held.get(delivery_id)
-        return held is not None and held.worker == request.worker
+        return held is None or held.worker == request.worker
 
     def _finish(self, effect: Finish) -> FinishDone:
         shelf = self.shelf

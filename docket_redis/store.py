@@ -132,7 +132,9 @@ class RedisStore(ScriptedStore):
 
     async def acknowledge(self, ids: Sequence[str]) -> None:
         with _store_errors():
-            pipe = self.client.pipeline(transaction=False)
+            # one transaction: an entry acknowledged but not deleted (the
+            # connection lost between the two) would stay in the stream for good
+            pipe = self.client.pipeline(transaction=True)
             pipe.xack(self.layout.stream, GROUP, *ids)
             pipe.xdel(self.layout.stream, *ids)
             await pipe.execute()

@@ -99,7 +99,7 @@ def test_a_store_that_drops_messages_is_caught(monkeypatch: pytest.MonkeyPatch) 
             del self.shelf.records[key]
 
     monkeypatch.setattr(simulate.Simulation, "add", add_then_lose)
-    assert "vanished" in _run_until_violation(range(5), 3000)
+    assert "vanished" in _run_until_violation(range(30), 3000)
 
 
 def test_a_store_that_keeps_a_shared_scope_per_docket_is_caught(

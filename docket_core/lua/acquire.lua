@@ -5,10 +5,10 @@
 -- flush go in one call.  Returns one 1 (acquired) or 0 (parked) per
 -- acquisition; a resend answers its first outcome, except that an acquired
 -- slot is renewed to the resend's now, or answers 2 (lost) if it was taken
--- over meanwhile.  A delivery no longer held by the sender answers 2 too.
+-- over meanwhile.  A delivery another worker holds now answers 2 too.
 local function acquire(limit, holder, max, now, stale_after, id, key, gen, S)
   -- a delivery another worker took over is not admitted here
-  if WORKER and holder_of(id) ~= WORKER then return 2 end
+  if taken_over(id) then return 2 end
   -- a slot set outlives its holders' renewals by far (they renew every
   -- stale_after / 4), and at least a minute
   local slot_ttl = math.floor(math.max(stale_after * 4, 60) * 1000)

@@ -3,11 +3,11 @@
 -- key, generation, state, now, ttl, error, has_result, result, request
 -- number.  A flush's consecutive finishes go in one call.  For each:
 -- acknowledges the delivery; records the outcome only if the generation is
--- still current.  A worker's finish acts only while it holds the delivery.  Returns one 1 (recorded) or 0 per delivery; a resend
+-- still current.  Nothing changes while another worker holds the delivery.  Returns one 1 (recorded) or 0 per delivery; a resend
 -- answers its first outcome and does nothing.
 local function finish(id, key, gen, state, now, ttl, err, has_result, result)
   -- a worker whose lease lapsed and was taken over leaves the run to the taker
-  if WORKER and holder_of(id) ~= WORKER then return 0 end
+  if taken_over(id) then return 0 end
   acknowledge(id)
   local run = run_key(key)
   if tonumber(redis.call('HGET', run, 'g') or '-1') ~= gen then return 0 end

@@ -26,7 +26,7 @@ end
 -- request numbers to JSON outcomes; numbers below the floor (their replies
 -- arrived) are dropped, and the whole hash expires remember_ms after the
 -- origin's last remembered call.  WORKER is the sender's consumer name: an
--- effect on a delivery acts only while WORKER holds it.
+-- effect on a delivery that another worker holds now changes nothing.
 local MEMO, WORKER = false, false
 local function open_memo(header)
   if header == '' then return end
@@ -129,6 +129,14 @@ local function holder_of(id)
   local pending = redis.call('XPENDING', Q, GROUP, id, id, 1)
   if pending[1] then return pending[1][2] end
   return false
+end
+
+-- whether another worker than the sender (WORKER) holds the delivery now:
+-- its lease lapsed and was taken over, and the taker's run decides
+local function taken_over(id)
+  if not WORKER then return false end
+  local holder = holder_of(id)
+  return holder and holder ~= WORKER
 end
 
 local function conclude(key, ttl)

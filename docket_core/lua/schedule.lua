@@ -9,7 +9,7 @@ local before = false
 local replies = {}
 local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect)
   -- a follow-up of a delivery another worker took over changes nothing
-  if ack ~= '' and WORKER and holder_of(ack) ~= WORKER then return {0, '-1', ''} end
+  if ack ~= '' and taken_over(ack) then return {0, '-1', ''} end
   acknowledge(ack)
   local run = run_key(key)
   local record = redis.call('HMGET', run, 'state', 'g')

@@ -59,9 +59,9 @@ class Request:
     ``origin`` names the sender (one worker machine's life: unique, never
     reused), ``worker`` the consumer it reads as, ``seq`` numbers its effects.
     An effect that acknowledges or admits a delivery (``Finish``, a follow-up
-    ``Schedule``, ``AcquireSlot``) acts only while ``worker`` still holds the
-    delivery: one sent (or resent) after its lease lapsed and another worker
-    took it over changes nothing, and the other worker's run decides.
+    ``Schedule``, ``AcquireSlot``) changes nothing while another worker
+    holds the delivery (its lease lapsed and was taken over): the other
+    worker's run decides.
 
     The store may forget the outcomes of the origin's requests below
     ``floor`` (their replies arrived), and forgets all of them ``remember``
