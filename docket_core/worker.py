@@ -209,7 +209,8 @@ class Worker:
         self._rearm = anyio.Event()
         self._stopping = anyio.Event()
         self._finished = anyio.Event()
-        self._reads: list[Read] = []
+        #: the read the machine asked for (it asks for one at a time)
+        self._read: Read | None = None
         self._read_ready = anyio.Event()
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._cancel_reasons: dict[str, str] = {}
@@ -261,10 +262,10 @@ class Worker:
         assert machine is not None
         adapter = self.docket.adapter
         while True:
-            while not self._reads:
+            while self._read is None:
                 await self._read_ready.wait()
                 self._read_ready = anyio.Event()
-            read = self._reads.pop(0)
+            read, self._read = self._read, None
             try:
                 self._strikes = await adapter.strikes()
                 result = await adapter.read(
@@ -407,7 +408,7 @@ class Worker:
                 self._cancel_reasons[effect.delivery_id] = effect.reason
                 scope.cancel()
         elif isinstance(effect, Read):
-            self._reads.append(effect)
+            self._read = effect
             self._read_ready.set()
 
     async def _timer(self) -> None:
@@ -538,16 +539,17 @@ class Worker:
                             if _docket_cancelled(failure, scope):
                                 raise
                             outcome = TaskOutcome.FAILED
-                            error, result = self._task_failed(execution, failure, span, "")
+                            error, result = self._task_failed(
+                        execution, failure, span, f"{execution.call_repr()} failed"
+                    )
                         if follow_up is None:
                             follow_up = call.follow_up(time.time())
                 except BaseException as failure:
                     if _docket_cancelled(failure, scope):
                         raise
                     outcome = TaskOutcome.FAILED
-                    error, result = self._task_failed(
-                        execution, failure, span, " in a dependency"
-                    )
+                    what = f"{execution.function_name} failed in a dependency"
+                    error, result = self._task_failed(execution, failure, span, what)
             if scope.cancelled_caught:
                 instrumentation.interrupted(span, self._cancel_reasons.get(delivery_id))
         if metering:
@@ -570,7 +572,7 @@ class Worker:
         self._dirty.set()
 
     def _task_failed(
-        self, execution: Execution, failure: BaseException, span: Any, where: str
+        self, execution: Execution, failure: BaseException, span: Any, what: str
     ) -> tuple[str, bytes | None]:
         """Record what a task raised: any exception, even one that would stop
         a program (``SystemExit``, ``KeyboardInterrupt``: the run fails, then
@@ -578,7 +580,7 @@ class Worker:
         cause.  Returns the error text and the pickled exception, if it pickles."""
         error = describe(failure)
         instrumentation.failed(span, failure)
-        logger.warning("%s failed%s: %s", execution.call_repr(), where, error)
+        logger.warning("%s: %s", what, error)
         if isinstance(failure, SystemExit | KeyboardInterrupt):
             logger.error(
                 "%s raised %s: worker %s stops after draining",

@@ -44,7 +44,7 @@ _FAILURES = (GlideConnectionError, GlideTimeoutError, ClosingError, OSError)
 
 
 @contextmanager
-def _store_errors() -> Iterator[None]:
+def _store_errors(what: str = "a command") -> Iterator[None]:
     """A lost connection or a "not now" reply (loading, failover) is
     ``StoreUnavailable``; any other error reply is ``StoreError``."""
     try:
@@ -54,7 +54,7 @@ def _store_errors() -> Iterator[None]:
     except RequestError as error:
         if transient(str(error)):
             raise StoreUnavailable(f"the server is not ready: {error}") from error
-        raise StoreError(f"the server refused a command: {error}") from error
+        raise StoreError(f"the server refused {what}: {error}") from error
 
 PubSub = GlideClientConfiguration.PubSubSubscriptions
 Modes = GlideClientConfiguration.PubSubChannelModes
@@ -151,22 +151,17 @@ class GlideStore(ScriptedStore):
 
     async def run_calls(self, calls: Sequence[ScriptCall]) -> list[Any]:
         client = await self._main()
-        try:
+        with _store_errors("a docket script"):
             try:
                 return await self._run(client, calls)
             except RequestError as error:
                 if "noscript" not in str(error).lower():
                     raise
-                # the server lost its scripts (a restart): load them, try again
+                # the server lost its scripts (a restart): load them, try again;
+                # calls of the batch that ran answer a resend with their outcome
                 for source in SCRIPTS.values():
                     await client.custom_command(["SCRIPT", "LOAD", source])
                 return await self._run(client, calls)
-        except _FAILURES as error:
-            raise StoreUnavailable(f"server unavailable: {error}") from error
-        except RequestError as error:
-            if transient(str(error)):
-                raise StoreUnavailable(f"the server is not ready: {error}") from error
-            raise StoreError(f"the server refused a docket script: {error}") from error
 
     async def _run(self, client: GlideClient, calls: Sequence[ScriptCall]) -> list[Any]:
         if len(calls) == 1:

@@ -1,9 +1,9 @@
 """The data of one in-process docket and the primitive moves on it.
 
 Ready messages wait in an ordered dict by delivery id; future ones in a dict
-by key with a heap of ``(when, key, sequence, generation)`` beside it (ties
-in ``when`` go in key order, as on the servers' sorted sets) (stale
-heap entries are skipped lazily); handed-out ones in ``held`` with their
+by key with a heap of ``(when, key, sequence, generation)`` beside it: ties
+in ``when`` go in key order, as on the servers' sorted sets, and stale heap
+entries are skipped lazily; handed-out ones in ``held`` with their
 lease time.  Terminal records expire through a second heap.  Concurrency
 slots and waiters live in a ``Pool`` per scope, shared by the shelves of one
 location, so a release in one docket can wake a task of another.
@@ -21,6 +21,7 @@ import anyio
 import attrs
 from anyio.streams.memory import MemoryObjectSendStream
 
+from docket_core.sansio.inputs import Outcome
 from docket_core.sansio.strikes import StrikeList
 from docket_core.sansio.values import (
     Delivery,
@@ -121,7 +122,7 @@ class Memo:
     """The outcomes of one origin's requests, kept for its resends."""
 
     floor: int = 0
-    outcomes: dict[int, Any] = attrs.field(factory=dict)
+    outcomes: dict[int, Outcome] = attrs.field(factory=dict)
     expires: float = 0.0
 
 

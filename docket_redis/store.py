@@ -21,7 +21,7 @@ _FAILURES = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
 
 @contextmanager
-def _store_errors() -> Iterator[None]:
+def _store_errors(what: str = "a command") -> Iterator[None]:
     """A lost connection or a "not now" reply (loading, failover) is
     ``StoreUnavailable``; any other error reply is ``StoreError``."""
     try:
@@ -31,7 +31,7 @@ def _store_errors() -> Iterator[None]:
     except redis_errors.ResponseError as error:
         if transient(str(error)):
             raise StoreUnavailable(f"Redis is not ready: {error}") from error
-        raise StoreError(f"Redis refused a command: {error}") from error
+        raise StoreError(f"Redis refused {what}: {error}") from error
 
 
 class RedisStore(ScriptedStore):
@@ -71,21 +71,18 @@ class RedisStore(ScriptedStore):
     # -- primitives ---------------------------------------------------------------
 
     async def run_calls(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        try:
+        with _store_errors("a docket script"):
             try:
                 return await self._evalsha(calls)
-            except redis_errors.NoScriptError:
+            except redis_errors.ResponseError as error:
+                # (NoScriptError, or a NOSCRIPT reply inside a pipeline)
+                noscript = isinstance(error, redis_errors.NoScriptError)
+                if not noscript and "noscript" not in str(error).lower():
+                    raise
+                # the server lost its scripts (a restart): load them, try again;
+                # calls of the batch that ran answer a resend with their outcome
                 await self._load_scripts()
                 return await self._evalsha(calls)
-        except _FAILURES as error:
-            raise StoreUnavailable(f"Redis unavailable: {error}") from error
-        except redis_errors.ResponseError as error:
-            if "noscript" in str(error).lower():
-                await self._load_scripts()
-                return await self._evalsha(calls)
-            if transient(str(error)):
-                raise StoreUnavailable(f"Redis is not ready: {error}") from error
-            raise StoreError(f"Redis refused a docket script: {error}") from error
 
     async def _evalsha(self, calls: Sequence[ScriptCall]) -> list[Any]:
         if len(calls) == 1:

@@ -211,7 +211,7 @@ class ScriptedStore(abc.ABC):
             clear_message=clear_message,
         )
         (reply,) = await self.run_calls([call])
-        return parse_progress_reply(reply, now)
+        return parse_progress_reply(reply)
 
     @asynccontextmanager
     async def subscribe(self, key: str) -> AsyncIterator[AsyncIterator[Event]]:

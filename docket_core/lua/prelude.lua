@@ -96,6 +96,14 @@ local function enqueue(key, fn, payload, when, attempt, gen, p)
   return sid
 end
 
+-- the consumer that holds a delivery, or false (also when the stream or its
+-- group vanished: nobody holds anything then; the next read recreates them)
+local function holder_of(id)
+  local ok, pending = pcall(redis.call, 'XPENDING', Q, GROUP, id, id, 1)
+  if ok and pending[1] then return pending[1][2] end
+  return false
+end
+
 -- remove the key's scheduled or queued (not yet delivered) message
 local function unqueue(key)
   local run = run_key(key)
@@ -103,8 +111,7 @@ local function unqueue(key)
   if sid then
     -- a message already handed to a worker (not yet claimed) stays with it:
     -- its claim answers cancelled or superseded and acknowledges it
-    local ok, held = pcall(redis.call, 'XPENDING', Q, GROUP, sid, sid, 1)
-    if not (ok and held[1]) then redis.call('XDEL', Q, sid) end
+    if not holder_of(sid) then redis.call('XDEL', Q, sid) end
     redis.call('HDEL', run, 'sid')
   end
   redis.call('ZREM', DUE, key)
@@ -122,13 +129,6 @@ local function acknowledge(id)
     redis.call('XACK', Q, GROUP, id)
     redis.call('XDEL', Q, id)
   end
-end
-
--- the consumer that holds a delivery, or false
-local function holder_of(id)
-  local pending = redis.call('XPENDING', Q, GROUP, id, id, 1)
-  if pending[1] then return pending[1][2] end
-  return false
 end
 
 -- whether another worker than the sender (WORKER) holds the delivery now:

@@ -516,7 +516,7 @@ def progress_call(
     )
 
 
-def parse_progress_reply(reply: Any, now: float) -> ProgressRecord:
+def parse_progress_reply(reply: Any) -> ProgressRecord:
     current, total, message, updated = reply
     return ProgressRecord(
         current=int(text(current)),
