@@ -24,8 +24,10 @@ from .sansio.errors import UsageError
 from .sansio.inputs import Outcome
 from .sansio.strikes import StrikeInstruction, StrikeList
 from .sansio.values import (
+    DeadLetter,
     Delivery,
     ExecutionRecord,
+    MalformedEntry,
     ProgressRecord,
     StoreSnapshot,
     WorkerRecord,
@@ -38,11 +40,13 @@ Event = dict[str, Any]
 
 @attrs.frozen(slots=True, kw_only=True)
 class ReadResult:
-    """What one ``read`` brought: deliveries, and the ``when`` of the soonest
-    future message still waiting (``None`` if there is none)."""
+    """What one ``read`` brought: deliveries, the ``when`` of the soonest
+    future message still waiting (``None`` if there is none), and the entries
+    handed to the worker that are not messages (``MalformedEntry``)."""
 
     deliveries: tuple[Delivery, ...]
     next_due: float | None
+    malformed: tuple[MalformedEntry, ...] = ()
 
 
 @runtime_checkable
@@ -153,15 +157,29 @@ class StorageAdapter(Protocol):
     async def strikes(self) -> StrikeList:
         """The docket's strikes, as current as this process has seen them."""
 
-    async def snapshot(self, now: float) -> StoreSnapshot:
-        """Scheduled, queued and running messages, and live workers."""
+    async def snapshot(self, now: float, limit: int = 1000) -> StoreSnapshot:
+        """Scheduled, queued and running messages (at most ``limit`` of each
+        kind, with the true totals), malformed entries in the queue, the
+        number of dead letters, and live workers."""
 
     async def workers(self, now: float, horizon: float) -> list[WorkerRecord]:
         """Workers whose last heartbeat is newer than ``now - horizon``."""
 
     async def clear(self, now: float, ttl: float) -> int:
         """Remove every scheduled and queued message (marking them cancelled);
-        return how many were removed.  Running tasks are left alone."""
+        return how many were removed.  Running tasks are left alone.  The
+        servers work in chunks of about a thousand, so the server is never
+        blocked for long: a message added meanwhile may stay or go."""
+
+    async def dead_letters(self, limit: int = 1000) -> tuple[int, list[DeadLetter]]:
+        """How many dead letters there are, and the newest ``limit`` of them."""
+
+    async def replay_dead_letters(self, entry_ids: Sequence[str]) -> int:
+        """Put these dead letters back in the queue as they were (after an
+        upgrade that can read them, say); returns how many were found."""
+
+    async def drop_dead_letters(self, entry_ids: Sequence[str] | None) -> int:
+        """Remove these dead letters (``None``: all); returns how many."""
 
 
 _SCHEMES: dict[str, tuple[str, str, str]] = {

@@ -297,7 +297,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_docket_options(clear)
 
     snapshot = commands.add_parser("snapshot", help="show running and future tasks")
+    snapshot.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=1000,
+        help="list at most this many running and future tasks each (default %(default)s)",
+    )
     _add_docket_options(snapshot)
+
+    dead = commands.add_parser(
+        "dead-letters",
+        help="list, replay or drop malformed messages set aside",
+        description="Messages that could not be read (a field missing or not a number) "
+        "are moved to the docket's dead letters with the reason.",
+    )
+    dead_commands = dead.add_subparsers(dest="dead_command", required=True, metavar="COMMAND")
+    dead_ls = dead_commands.add_parser("ls", help="list the newest dead letters")
+    dead_ls.add_argument("--limit", type=_positive_int, default=100, help="default %(default)s")
+    _add_docket_options(dead_ls)
+    for verb, text in (("replay", "put dead letters back in the queue"), ("drop", "remove them")):
+        action = dead_commands.add_parser(verb, help=text)
+        action.add_argument("ids", nargs="*", metavar="ID", help="dead letter ids (from 'ls')")
+        action.add_argument("--all", action="store_true", help="every dead letter")
+        _add_docket_options(action)
 
     workers = commands.add_parser("workers", help="inspect the docket's workers")
     workers_commands = workers.add_subparsers(
@@ -420,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
             return commands.command_clear(args, out)
         if command == "snapshot":
             return commands.command_snapshot(args, out)
+        if command == "dead-letters":
+            return commands.command_dead_letters(args, out)
         if command == "workers":
             if args.workers_command == "for-task":
                 return commands.command_workers_for_task(args, out)

@@ -119,14 +119,23 @@ def _rows(executions: Sequence[Any], more: Callable[[Any], list[str]]) -> list[l
 
 
 def command_snapshot(args: argparse.Namespace, out: TextIO) -> int:
-    snapshot = with_docket(args, lambda docket: docket.snapshot())
+    snapshot = with_docket(args, lambda docket: docket.snapshot(limit=args.limit))
     taken: datetime = snapshot.taken
     print(f"Docket {args.docket!r} at {args.url}, taken {taken.isoformat()}", file=out)
     print(
-        f"{snapshot.total_tasks} task(s): {len(snapshot.running)} running, "
-        f"{len(snapshot.future)} future; {len(snapshot.workers)} worker(s)",
+        f"{snapshot.total_tasks} task(s): {snapshot.running_total} running, "
+        f"{snapshot.future_total} future; {len(snapshot.workers)} worker(s)",
         file=out,
     )
+    if not snapshot.complete:
+        shown = len(snapshot.running) + len(snapshot.future)
+        print(f"showing {shown} of {snapshot.total_tasks} (--limit {args.limit})", file=out)
+    if snapshot.malformed or snapshot.dead_letters:
+        print(
+            f"{len(snapshot.malformed)} malformed message(s) in the queue, "
+            f"{snapshot.dead_letters} dead letter(s) ('docket dead-letters ls')",
+            file=out,
+        )
     print(file=out)
     running = sorted(snapshot.running, key=lambda e: e.started)
     print("Running", file=out)
@@ -138,6 +147,41 @@ def command_snapshot(args: argparse.Namespace, out: TextIO) -> int:
         sorted(snapshot.future, key=lambda e: e.when), lambda e: [_relative(e.when, taken)]
     )
     print(_table(["KEY", "FUNCTION", "ATTEMPT", "WHEN"], rows), file=out)
+    return 0
+
+
+def command_dead_letters(args: argparse.Namespace, out: TextIO) -> int:
+    if args.dead_command == "ls":
+        total, letters = with_docket(args, lambda docket: docket.dead_letters(args.limit))
+        print(f"{total} dead letter(s)", file=out)
+        rows = [
+            [
+                letter.entry_id,
+                letter.key or "-",
+                datetime.fromtimestamp(letter.dead_at, UTC).isoformat(),
+                letter.reason,
+            ]
+            for letter in letters
+        ]
+        print(_table(["ID", "KEY", "DEAD SINCE", "REASON"], rows), file=out)
+        return 0
+    if not args.ids and not args.all:
+        raise UsageError("name dead letter ids, or --all")
+    if args.ids and args.all:
+        raise UsageError("name dead letter ids or --all, not both")
+
+    async def act(docket: Docket) -> int:
+        ids: list[str] = list(args.ids)
+        if args.dead_command == "drop":
+            return await docket.drop_dead_letters(None if args.all else ids)
+        if args.all:
+            _, letters = await docket.dead_letters(limit=100_000)
+            ids = [letter.entry_id for letter in letters]
+        return await docket.replay_dead_letters(ids)
+
+    count = with_docket(args, act)
+    verb = "Dropped" if args.dead_command == "drop" else "Replayed"
+    print(f"{verb} {count} dead letter(s)", file=out)
     return 0
 
 

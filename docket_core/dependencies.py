@@ -47,6 +47,7 @@ from ._resolution import (
 from .sansio.errors import UsageError
 from .sansio.inputs import FollowUp
 from .sansio.values import ConcurrencyPolicy, PerpetualPolicy, RetryPolicy
+from .serialization import CALL, Signing
 
 __all__ = [
     "ConcurrencyLimit",
@@ -358,6 +359,8 @@ class Perpetual(Dependency):
         self.kwargs: dict[str, Any] | None = None
         self.next_at: float | None = None
         self._now: Callable[[], float] = time.time
+        #: the docket's signing keys, for the next run's arguments
+        self._signing: Signing | None = None
 
     def _policy(self) -> dict[str, Any]:
         return {
@@ -370,6 +373,7 @@ class Perpetual(Dependency):
     async def _inject(self, run: Run, parameter: str) -> Any:
         injected = _copy(self)
         injected._now = run.context.now
+        injected._signing = getattr(run.context.docket, "signing", None)
         run.follow_ups.append(injected)
         return injected
 
@@ -396,6 +400,8 @@ class Perpetual(Dependency):
         payload = None
         if self.args is not None:
             payload = cloudpickle.dumps((self.args, self.kwargs or {}))
+            if self._signing is not None:
+                payload = self._signing.sign(CALL, payload)
         return FollowUp(
             perpetual_cancelled=self.cancelled,
             perpetual_at=self.next_at,

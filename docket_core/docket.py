@@ -6,7 +6,7 @@ import importlib
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
@@ -25,13 +25,14 @@ from .instrumentation import (
     producer_span,
     trace_headers,
 )
+from .lua.base import ScriptedStore
 from .sansio.decisions import plan_add
 from .sansio.effects import Cancel, Schedule
 from .sansio.errors import StoreError, UsageError
 from .sansio.inputs import Outcome, Scheduled
 from .sansio.strikes import Operator, StrikeInstruction, StrikeList
-from .sansio.values import Disposition, ExecutionState, ScheduleMode
-from .serialization import dumps_call
+from .sansio.values import DeadLetter, Disposition, ExecutionState, MalformedEntry, ScheduleMode
+from .serialization import Signing, SigningKeys, dumps_call
 
 if TYPE_CHECKING:
     from .batch import Batch
@@ -80,11 +81,28 @@ class WorkerInfo:
 
 @attrs.frozen(slots=True, kw_only=True)
 class DocketSnapshot:
+    """The docket at one moment.  ``future`` and ``running`` list at most a
+    page of tasks each (``Docket.snapshot(limit=...)``); ``total_tasks``
+    counts all of them, whatever the page shows."""
+
     taken: datetime
     total_tasks: int
     future: list[Execution]
     running: list[RunningExecution]
     workers: list[WorkerInfo]
+    #: how many tasks are scheduled or queued, and how many run, in all
+    future_total: int = 0
+    running_total: int = 0
+    #: queue entries that are not messages (the next worker to read them
+    #: moves them to the dead letters)
+    malformed: list[MalformedEntry] = attrs.field(factory=list)
+    #: how many malformed messages were set aside (``Docket.dead_letters()``)
+    dead_letters: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Whether the lists show every task."""
+        return len(self.future) + len(self.running) >= self.total_tasks
 
 
 class Docket:
@@ -99,13 +117,23 @@ class Docket:
         execution_ttl: timedelta = timedelta(minutes=15),
         *,
         adapter: StorageAdapter | None = None,
+        signing_key: SigningKeys | None = None,
     ) -> None:
+        """``signing_key`` (one key or a list: the first signs, all verify;
+        without one, the comma-separated keys of ``DOCKET_SIGNING_KEY``) signs
+        every payload the docket pickles and rejects any it did not sign;
+        without keys, payloads are plain pickles (see "Signed payloads" in
+        the README)."""
         self.name = name
         self.url = url or os.environ.get("DOCKET_URL") or "memory://"
         self.heartbeat_interval = heartbeat_interval
         self.missed_heartbeats = missed_heartbeats
         self.execution_ttl = execution_ttl
         self.adapter: StorageAdapter = adapter or adapter_for_url(self.url, name)
+        #: the keys payloads are signed and verified with (``None``: unsigned)
+        self.signing = Signing.resolve(signing_key)
+        if isinstance(self.adapter, ScriptedStore):
+            self.adapter.signing = self.signing  # it pickles the strikes
         self.tasks: dict[str, TaskFunction] = {}
         self._opened = False
         from .tasks import standard_tasks
@@ -262,7 +290,7 @@ class Docket:
             execution.disposition = Disposition.STRUCK
             execution.state = ExecutionState.CANCELLED
             return execution, None
-        payload = dumps_call(name, args, kwargs, headers)
+        payload = dumps_call(name, args, kwargs, headers, self.signing)
         effect = plan_add(key=key, function=name, payload=payload, when=at, mode=mode, now=now)
         return execution, effect
 
@@ -359,16 +387,19 @@ class Docket:
 
     # -- inspection ----------------------------------------------------------------------
 
-    async def snapshot(self) -> DocketSnapshot:
-        """Scheduled, queued and running tasks, and the live workers."""
+    async def snapshot(self, limit: int = 1000) -> DocketSnapshot:
+        """Scheduled, queued and running tasks (at most ``limit`` of each,
+        with the true totals), and the live workers."""
         from .serialization import loads_call
 
+        if limit < 1:
+            raise UsageError("a snapshot's limit must be at least 1")
         now = time.time()
-        raw = await self.adapter.snapshot(now)
+        raw = await self.adapter.snapshot(now, limit)
 
         def load(message: Any) -> Execution:
             try:
-                args, kwargs = loads_call(message.payload)
+                args, kwargs = loads_call(message.payload, self.signing)
             except Exception:
                 args, kwargs = (), {}
             return Execution(
@@ -398,11 +429,28 @@ class Docket:
         ]
         return DocketSnapshot(
             taken=to_datetime(now),
-            total_tasks=len(future) + len(running),
+            total_tasks=raw.future_total + raw.running_total,
             future=future,
             running=running,
             workers=workers,
+            future_total=raw.future_total,
+            running_total=raw.running_total,
+            malformed=list(raw.malformed),
+            dead_letters=raw.dead_letters,
         )
+
+    async def dead_letters(self, limit: int = 1000) -> tuple[int, list[DeadLetter]]:
+        """How many malformed messages were set aside, and the newest ``limit``."""
+        return await self.adapter.dead_letters(limit)
+
+    async def replay_dead_letters(self, entry_ids: Sequence[str]) -> int:
+        """Put these dead letters back in the queue as they were (one that
+        still cannot be read comes back to the dead letters); returns how many."""
+        return await self.adapter.replay_dead_letters(entry_ids)
+
+    async def drop_dead_letters(self, entry_ids: Sequence[str] | None = None) -> int:
+        """Remove these dead letters (``None``: all of them); returns how many."""
+        return await self.adapter.drop_dead_letters(entry_ids)
 
     async def workers(self) -> list[WorkerInfo]:
         """Workers seen within ``heartbeat_interval * missed_heartbeats``."""

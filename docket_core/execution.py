@@ -9,8 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .sansio.errors import StoreError
 from .sansio.values import Disposition, ExecutionRecord, ExecutionState, ProgressRecord
-from .serialization import describe, loads_call, loads_value
+from .serialization import SignatureError, describe, loads_call, loads_value
+
+#: how often a waiting ``get_result`` looks at the record itself, besides
+#: its events (one published while the subscriber reconnected is lost)
+RECHECK_SECONDS = 5.0
 
 if TYPE_CHECKING:
     from .docket import Docket
@@ -126,7 +131,7 @@ class Execution:
     def from_record(cls, docket: Docket, record: ExecutionRecord) -> Execution:
         """Rebuild an execution from what the store keeps about its key."""
         try:
-            args, kwargs = loads_call(record.payload)
+            args, kwargs = loads_call(record.payload, docket.signing)
         except Exception:
             args, kwargs = (), {}
         execution = cls(
@@ -229,13 +234,29 @@ class Execution:
             async with self._docket.adapter.subscribe(self._key) as events:
                 await self.sync()
                 if not self.state.terminal:
-                    async for event in events:
-                        self._apply_event(event)
-                        if self.state.terminal:
-                            await self.sync()
-                            break
+                    async with anyio.create_task_group() as group:
+                        group.start_soon(self._recheck, group.cancel_scope)
+                        async for event in events:
+                            self._apply_event(event)
+                            if self.state.terminal:
+                                await self.sync()
+                                break
+                        group.cancel_scope.cancel()
                 return self._outcome()
         raise TimeoutError(f"execution {self._key} did not finish in time")
+
+    async def _recheck(self, waiting: anyio.CancelScope) -> None:
+        """Look at the record now and then while waiting for its events: an
+        event published while the subscriber reconnected is lost."""
+        while True:
+            await anyio.sleep(RECHECK_SECONDS)
+            try:
+                await self.sync()
+            except StoreError:
+                continue  # the events may still come; the next look may work
+            if self.state.terminal:
+                waiting.cancel()
+                return
 
     def _outcome(self) -> Any:
         if self.state is ExecutionState.CANCELLED:
@@ -243,7 +264,12 @@ class Execution:
         if self.state is ExecutionState.FAILED:
             if self._result is not None:
                 try:
-                    error = loads_value(self._result)
+                    error = loads_value(self._result, self._docket.signing)
+                except SignatureError as unsigned:
+                    raise SignatureError(
+                        f"{self.error or 'the task failed'}; its exception was not "
+                        f"unpickled: {unsigned}"
+                    ) from None
                 except Exception as unreadable:
                     raise Exception(
                         f"{self.error or 'the task failed'} (its exception could not be "
@@ -256,7 +282,11 @@ class Execution:
             raise Exception(self.error or "the task failed")
         if self._result is not None:
             try:
-                return loads_value(self._result)
+                return loads_value(self._result, self._docket.signing)
+            except SignatureError as unsigned:
+                raise SignatureError(
+                    f"the result of execution {self._key} was not unpickled: {unsigned}"
+                ) from None
             except Exception as unreadable:
                 raise ValueError(
                     f"the result of execution {self._key} could not be unpickled here: "

@@ -53,12 +53,14 @@ from .sansio.inputs import (
 from .sansio.strikes import StrikeList
 from .sansio.values import NO_POLICY, Delivery
 from .sansio.worker import WorkerConfig, WorkerMachine
-from .serialization import describe, dumps_value, loads_message
+from .serialization import SignatureError, describe, dumps_value, loads_message
 
 logger = logging.getLogger("docket.worker")
 
 #: how often automatic perpetual tasks are added again, as pydocket does
 RESEED_SECONDS = 60.0
+#: the least a stopping worker whose tasks have ended waits for its store
+STOP_GRACE = 1.0
 
 
 class Worker:
@@ -75,14 +77,22 @@ class Worker:
         scheduling_resolution: timedelta = timedelta(milliseconds=250),
         schedule_automatic_tasks: bool = True,
         fallback_task: Callable[..., Any] | None = None,
+        drain_timeout: timedelta | None = None,
     ) -> None:
         """``fallback_task`` runs (with the original arguments and full
         dependency injection) for messages naming a task this worker does not
         know; without one, such a message ends FAILED with the reason.
         ``scheduling_resolution`` is accepted for compatibility with pydocket:
         due tasks are promoted by every read, and a newly scheduled soonest task
-        wakes the readers, so there is no separate scheduler loop to tune."""
+        wakes the readers, so there is no separate scheduler loop to tune.
+
+        A stopping worker waits for its running tasks as long as they take
+        (``drain_timeout`` None, as pydocket) or up to ``drain_timeout``; then,
+        or at a second SIGTERM/SIGINT, it cancels them without recording
+        anything (the store hands them out again once their leases lapse; a
+        sync task's thread cannot be cancelled: the worker waits for it)."""
         self.docket = docket
+        self.drain_timeout = drain_timeout
         if fallback_task is not None:
             dependencies.validate(fallback_task)
         self.fallback_task = fallback_task
@@ -235,7 +245,11 @@ class Worker:
                 with anyio.CancelScope(shield=True):
                     machine.receive(ShutdownRequested(now=time.time()))
                     self._dirty.set()
-                    await self._finished.wait()
+                    drain = self.drain_timeout
+                    with anyio.move_on_after(math.inf if drain is None else drain.total_seconds()):
+                        await self._drained()
+                    if not machine.quiet:
+                        self._abandon()
                     for scope in self._background:
                         scope.cancel()
 
@@ -278,13 +292,25 @@ class Worker:
                 )
                 held = machine.in_flight
                 arrivals = tuple(
-                    self._prepare(d) for d in result.deliveries if d.delivery_id not in held
+                    self._arrival(d) for d in result.deliveries if d.delivery_id not in held
                 )
+                malformed = tuple(m for m in result.malformed if m.delivery_id not in held)
+                for entry in malformed:
+                    logger.error(
+                        "malformed message %s%s: %s; moving it to the dead letters",
+                        entry.delivery_id,
+                        f" (key {entry.key!r})" if entry.key is not None else "",
+                        entry.reason,
+                    )
                 pending = None
                 if read.then_pending and not result.deliveries:
                     pending = await adapter.pending()
                 done = ReadDone(
-                    arrivals=arrivals, next_due=result.next_due, now=time.time(), pending=pending
+                    arrivals=arrivals,
+                    next_due=result.next_due,
+                    now=time.time(),
+                    pending=pending,
+                    malformed=malformed,
                 )
                 machine.receive(done)
             except StoreError as error:
@@ -297,6 +323,16 @@ class Worker:
             self._dirty.set()
             self._rearm.set()
 
+    def _arrival(self, delivery: Delivery) -> Arrival:
+        """``_prepare``, where an error of ours is the delivery's problem too:
+        nothing a message holds may stop the reader."""
+        try:
+            return self._prepare(delivery)
+        except Exception as error:
+            self._calls.pop(delivery.delivery_id, None)
+            problem = f"the message could not be prepared: {describe(error)}"
+            return Arrival(delivery=delivery, policy=NO_POLICY, problem=problem)
+
     def _prepare(self, delivery: Delivery) -> Arrival:
         """Decode a delivery and work out its policy (pure work, no store)."""
         message = delivery.message
@@ -308,7 +344,9 @@ class Worker:
                 problem=f"unknown task {message.function!r}: not registered on worker {self.name}",
             )
         try:
-            args, kwargs, headers = loads_message(message.payload)
+            args, kwargs, headers = loads_message(message.payload, self.docket.signing)
+        except SignatureError as error:
+            return Arrival(delivery=delivery, policy=NO_POLICY, problem=str(error))
         except Exception as error:
             return Arrival(
                 delivery=delivery,
@@ -384,17 +422,15 @@ class Worker:
         machine = self._machine
         assert machine is not None
         failure = ReplyLost if isinstance(error, StoreUnavailable) else StoreFailed
-        machine.receive(failure(effects=tuple(effects), now=time.time(), reason=str(error)))
+        now = time.time()
+        machine.receive(failure(effects=tuple(effects), now=now, reason=str(error)))
         self._rearm.set()
         if machine.fatal is not None:
             logger.error("stopping: %s", machine.fatal)
             raise StoreError(machine.fatal) from error
-        logger.warning(
-            "store unavailable (%s); sending %d effects again in %s",
-            error,
-            len(effects),
-            self.reconnection_delay,
-        )
+        resend_at = machine.outbox.resend_at
+        then = "given up" if resend_at is None else f"sent again in {resend_at - now:.3g}s"
+        logger.warning("store unavailable (%s); %d effects %s", error, len(effects), then)
 
     def _run_effect(self, effect: Effect) -> None:
         if isinstance(effect, StartTask):
@@ -448,9 +484,48 @@ class Worker:
     async def _signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
-                logger.info("worker %s got signal %s: draining", self.name, signum)
-                self._stopping.set()
+                if not self._stopping.is_set():
+                    logger.info("worker %s got signal %s: draining", self.name, signum)
+                    self._stopping.set()
+                else:
+                    logger.warning("worker %s got signal %s again: stopping", self.name, signum)
+                    self._finished.set()
+
+    async def _drained(self) -> None:
+        """Wait until the machine is quiet: its tasks ended and the store told.
+        Once no task runs, the store gets two reconnection delays (at least
+        ``STOP_GRACE``) and a read's wait more to take what is left: a call to
+        a server that is gone may take a whole request timeout, or forever."""
+        grace = max(2 * self.reconnection_delay.total_seconds(), STOP_GRACE)
+        grace += self.minimum_check_interval.total_seconds()
+        idle_since: float | None = None
+        while not self._finished.is_set():
+            with anyio.move_on_after(0.05):
+                await self._finished.wait()
+            if self._scopes:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= grace:
                 return
+
+    def _abandon(self) -> None:
+        """Stop without draining: send nothing more (the flusher goes first),
+        and cancel the running tasks without recording their end; the store
+        hands out again what this worker held once its leases lapse."""
+        machine = self._machine
+        assert machine is not None
+        for scope in self._background:
+            scope.cancel()
+        for scope in self._scopes.values():
+            scope.cancel()
+        logger.warning(
+            "worker %s stops without draining: %d tasks cancelled, %d deliveries left "
+            "to redelivery",
+            self.name,
+            len(self._scopes),
+            len(machine.in_flight),
+        )
 
     async def _seed_automatic(self) -> None:
         """Add every automatic perpetual task under its own name as key."""
@@ -526,7 +601,7 @@ class Worker:
                                     partial(function, *call.args, **call.kwargs)
                                 )
                             if value is not None and self.docket.execution_ttl.total_seconds() > 0:
-                                result = dumps_value(value)
+                                result = dumps_value(value, self.docket.signing)
                                 if result is None:
                                     raise TypeError(
                                         f"the result of {execution.function_name} "
@@ -557,7 +632,8 @@ class Worker:
         if scope.cancelled_caught:
             outcome, error, result = TaskOutcome.CANCELLED, None, None
             if self._cancel_reasons.pop(delivery_id, None) == "timeout":
-                result = dumps_value(TimeoutError(f"{execution.function_name} timed out"))
+                timed_out = TimeoutError(f"{execution.function_name} timed out")
+                result = dumps_value(timed_out, self.docket.signing)
         self._scopes.pop(delivery_id, None)
         machine.receive(
             TaskEnded(
@@ -589,7 +665,7 @@ class Worker:
                 self.name,
             )
             self._stopping.set()
-        return error, dumps_value(failure)
+        return error, dumps_value(failure, self.docket.signing)
 
     _strikes: StrikeList | None = None
 

@@ -24,6 +24,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from docket_core.sansio.inputs import Outcome
 from docket_core.sansio.strikes import StrikeList
 from docket_core.sansio.values import (
+    DeadLetter,
     Delivery,
     ExecutionRecord,
     ExecutionState,
@@ -145,6 +146,8 @@ class Shelf:
     expiry_heap: list[tuple[float, str, int]] = attrs.field(factory=list)
     workers: dict[str, WorkerRecord] = attrs.field(factory=dict)
     strikes: StrikeList = attrs.field(factory=StrikeList)
+    #: malformed entries set aside, oldest first
+    dead: list[DeadLetter] = attrs.field(factory=list)
     subscribers: dict[str, set[MemoryObjectSendStream[dict[str, Any]]]] = attrs.field(factory=dict)
     cancel_listeners: set[MemoryObjectSendStream[tuple[str, int]]] = attrs.field(factory=set)
     waiting: list[anyio.Event] = attrs.field(factory=list)

@@ -16,8 +16,10 @@ import attrs
 from anyio.streams.memory import MemoryObjectSendStream
 
 from docket_core.adapter import Event, ReadResult
+from docket_core.lua.entries import parse_entry
 from docket_core.sansio.effects import (
     AcquireSlot,
+    BuryMalformed,
     Cancel,
     Claim,
     Finish,
@@ -30,6 +32,7 @@ from docket_core.sansio.effects import (
 )
 from docket_core.sansio.errors import UsageError
 from docket_core.sansio.inputs import (
+    Buried,
     CancelDone,
     ClaimDone,
     ClaimVerdict,
@@ -44,6 +47,8 @@ from docket_core.sansio.inputs import (
 from docket_core.sansio.strikes import StrikeInstruction, StrikeList
 from docket_core.sansio.values import (
     LIVE_STATES,
+    DeadLetter,
+    Delivery,
     ExecutionRecord,
     ExecutionState,
     ProgressRecord,
@@ -272,6 +277,37 @@ class MemoryStore:
         )
         return FinishDone(delivery_id=effect.delivery_id, recorded=True)
 
+    def _bury(self, effect: BuryMalformed) -> Buried:
+        shelf = self.shelf
+        entry = effect.entry
+        held = shelf.held.get(entry.delivery_id)
+        if held is None or held.worker != effect.worker:
+            return Buried(delivery_id=entry.delivery_id, moved=False)
+        del shelf.held[entry.delivery_id]
+        letter = DeadLetter(
+            entry_id=str(next(shelf.ids)),
+            original_id=entry.delivery_id,
+            reason=entry.reason,
+            dead_at=effect.now,
+            key=entry.key,
+            fields=entry.fields,
+        )
+        shelf.dead.append(letter)
+        del shelf.dead[:-DEAD_LETTER_LIMIT]
+        record = shelf.records.get(entry.key) if entry.key is not None else None
+        if (
+            record is None
+            or record.state not in LIVE_STATES
+            or record.generation != entry.generation
+        ):
+            return Buried(delivery_id=entry.delivery_id, moved=True)
+        shelf.progress.pop(record.key, None)
+        failed = attrs.evolve(
+            record, state=ExecutionState.FAILED, completed_at=effect.now, error=entry.reason
+        )
+        shelf.conclude(failed, effect.now, effect.ttl)
+        return Buried(delivery_id=entry.delivery_id, moved=True, failed_key=True)
+
     def _cancel(self, effect: Cancel) -> CancelDone:
         shelf = self.shelf
         record = shelf.records.get(effect.key)
@@ -449,7 +485,7 @@ class MemoryStore:
     async def strikes(self) -> StrikeList:
         return self.shelf.strikes
 
-    async def snapshot(self, now: float) -> StoreSnapshot:
+    async def snapshot(self, now: float, limit: int = 1000) -> StoreSnapshot:
         shelf = self.shelf
         future: list[TaskMessage] = list(shelf.ready.values())
         future.extend(shelf.future.values())
@@ -457,15 +493,18 @@ class MemoryStore:
             for waiting in pool.waiters.values():
                 future.extend(w.message for w in waiting if w.shelf is shelf)
         future.sort(key=lambda m: m.when)
-        running = tuple(
+        running = [
             RunningRecord(message=h.message, worker=h.worker, started=h.delivered_at)
             for h in shelf.held.values()
-        )
+        ]
         return StoreSnapshot(
             taken=now,
-            future=tuple(future),
-            running=running,
+            future=tuple(future[:limit]),
+            running=tuple(running[:limit]),
             workers=tuple(shelf.workers.values()),
+            future_total=len(future),
+            running_total=len(running),
+            dead_letters=len(shelf.dead),
         )
 
     async def workers(self, now: float, horizon: float) -> list[WorkerRecord]:
@@ -479,6 +518,44 @@ class MemoryStore:
         return len(keys)
 
 
+    async def dead_letters(self, limit: int = 1000) -> tuple[int, list[DeadLetter]]:
+        dead = self.shelf.dead
+        return len(dead), list(reversed(dead[-limit:])) if limit > 0 else []
+
+    async def replay_dead_letters(self, entry_ids: Sequence[str]) -> int:
+        """Queue again the named dead letters whose fields read as a message
+        (one that still does not stays a dead letter)."""
+        shelf = self.shelf
+        wanted = set(entry_ids)
+        replayed = 0
+        for letter in [d for d in shelf.dead if d.entry_id in wanted]:
+            flat = [part for field in letter.fields for part in field]
+            parsed = parse_entry(letter.original_id, flat)
+            if isinstance(parsed, Delivery):
+                shelf.dead.remove(letter)
+                message = parsed.message
+                shelf.unqueue(message.key)
+                state = shelf.enqueue(message, message.when)  # due: queued at once
+                record = shelf.records.get(message.key)
+                if record is not None and record.generation == message.generation:
+                    shelf.records[message.key] = attrs.evolve(record, state=state)
+                replayed += 1
+        return replayed
+
+    async def drop_dead_letters(self, entry_ids: Sequence[str] | None) -> int:
+        shelf = self.shelf
+        before = len(shelf.dead)
+        if entry_ids is None:
+            shelf.dead.clear()
+        else:
+            wanted = set(entry_ids)
+            shelf.dead[:] = [d for d in shelf.dead if d.entry_id not in wanted]
+        return before - len(shelf.dead)
+
+
+#: how many dead letters a docket keeps (the newest), as the servers do
+DEAD_LETTER_LIMIT = 10_000
+
 #: effect type -> the name of the method that carries it out
 _HANDLERS: dict[type[StoreEffect], str] = {
     Finish: "_finish",
@@ -489,4 +566,5 @@ _HANDLERS: dict[type[StoreEffect], str] = {
     ReleaseSlot: "_release",
     Cancel: "_cancel",
     Heartbeat: "_heartbeat",
+    BuryMalformed: "_bury",
 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -40,13 +41,20 @@ def valkey_server_binary() -> str | None:
     return str(path) if path.exists() else None
 
 
-def _ping(port: int) -> bool:
+def _ping(port: int, tls: ssl.SSLContext | None = None) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as plain:
+            if tls is None:
+                return _pong(plain)
+            with tls.wrap_socket(plain, server_hostname="127.0.0.1") as sock:
+                return _pong(sock)
     except OSError:
         return False
+
+
+def _pong(sock: socket.socket) -> bool:
+    sock.sendall(b"PING\r\n")
+    return sock.recv(16).startswith(b"+PONG")
 
 
 @attrs.define
@@ -59,17 +67,22 @@ class Server:
     process: subprocess.Popen[bytes] | None = None
     #: more command-line options, after the defaults (so they override them)
     extra_args: list[str] = attrs.field(factory=list)
+    #: TLS only: ``port`` is a TLS port (``extra_args`` give the ``--tls-*``
+    #: files), there is no plain port, and readiness is checked with this context
+    tls: ssl.SSLContext | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"{'redis' if self.tls is None else 'rediss'}://127.0.0.1:{self.port}/0"
 
     def start(self) -> Server:
+        ports = ["--port", str(self.port)]
+        if self.tls is not None:
+            ports = ["--port", "0", "--tls-port", str(self.port)]
         self.process = subprocess.Popen(
             [
                 self.binary,
-                "--port",
-                str(self.port),
+                *ports,
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -86,7 +99,7 @@ class Server:
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
-        while not _ping(self.port):
+        while not _ping(self.port, self.tls):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 log = Path(self.directory, "server.log")
                 detail = log.read_text()[-2000:] if log.exists() else ""

@@ -101,3 +101,26 @@ def test_a_read_still_out_at_shutdown_is_taken_in_before_goodbye() -> None:
     effects = machine.effects()
     assert of_type(effects, Claim) and not of_type(effects, Read)
     assert not machine.said_goodbye
+
+
+def test_a_malformed_entry_is_buried_with_its_reason_and_never_claimed() -> None:
+    from docket_core.sansio.effects import BuryMalformed
+    from docket_core.sansio.inputs import Buried
+    from docket_core.sansio.values import MalformedEntry
+
+    machine = reading_machine(concurrency=2, execution_ttl=0.0)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    entry = MalformedEntry(delivery_id="bad", reason="no g", key="k", generation=None)
+    machine.receive(
+        ReadDone(arrivals=(arrival("d1"),), next_due=None, now=1.0, malformed=(entry,))
+    )
+    effects = machine.effects()
+    (bury,) = of_type(effects, BuryMalformed)
+    (claim,) = of_type(effects, Claim)
+    assert bury.entry == entry and bury.now == 1.0 and bury.request is not None
+    assert bury.ttl == 3600.0  # a failure nobody could run stays visible
+    assert [item.delivery_id for item in claim.items] == ["d1"]
+    assert "bad" not in machine.in_flight and machine.counters["malformed"] == 1
+    machine.store_replied([bury], [Buried(delivery_id="bad", moved=True)], 1.1)
+    assert machine.counters["dead_lettered"] == 1

@@ -51,6 +51,7 @@ from hypothesis.stateful import (
 from docket_core.sansio.decisions import plan_add
 from docket_core.sansio.effects import (
     AcquireSlot,
+    BuryMalformed,
     Cancel,
     Claim,
     ClaimItem,
@@ -63,6 +64,7 @@ from docket_core.sansio.effects import (
     StoreEffect,
 )
 from docket_core.sansio.inputs import (
+    Buried,
     CancelDone,
     ClaimDone,
     ClaimVerdict,
@@ -73,7 +75,7 @@ from docket_core.sansio.inputs import (
     SlotDone,
     SlotReleased,
 )
-from docket_core.sansio.values import ExecutionState, ScheduleMode, TaskMessage
+from docket_core.sansio.values import ExecutionState, MalformedEntry, ScheduleMode, TaskMessage
 from docket_memory import store as memory_module
 from docket_memory.store import MemoryStore
 from docket_redis import RedisStore
@@ -349,6 +351,8 @@ class StoreDifferential(RuleBasedStateMachine):
             return ("claim", tuple((self._handle_of(s, d), v) for d, v in o.verdicts))
         if isinstance(o, FinishDone):
             return ("finish", self._handle_of(s, o.delivery_id), o.recorded)
+        if isinstance(o, Buried):
+            return ("buried", self._handle_of(s, o.delivery_id), o.moved, o.failed_key)
         if isinstance(o, SlotDone):
             return ("slot", self._handle_of(s, o.delivery_id), o.acquired, o.lost)
         if isinstance(o, LeasesRenewed):
@@ -405,7 +409,7 @@ class StoreDifferential(RuleBasedStateMachine):
             elif kind == "release":
                 (handle,) = handles
                 handle.slot = None
-            elif kind in ("finish", "follow-up"):
+            elif kind in ("finish", "follow-up", "bury"):
                 (handle,) = handles
                 handle.held = False
         self.forget()
@@ -713,6 +717,36 @@ class StoreDifferential(RuleBasedStateMachine):
 
         self.send(handle.worker, spec, build, drop)
 
+    @precondition(lambda self: any(h.held for h in self.free_handles()))
+    @rule(data=st.data(), drop=st.sampled_from([False, False, True]))
+    def bury(self, data: st.DataObject, drop: bool) -> None:
+        """Set a delivery aside as malformed (the stores cannot tell it is
+        not): to the dead letters, failing its key while it is current."""
+        candidates = [h for h in self.free_handles() if h.held]
+        if not candidates:
+            return
+        handle = data.draw(st.sampled_from(candidates))
+        (request,) = self.request(handle.worker, 1)
+        self.send(
+            handle.worker,
+            [("bury", [handle])],
+            lambda s: [
+                BuryMalformed(
+                    worker=handle.worker,
+                    entry=MalformedEntry(
+                        delivery_id=handle.ids[s],
+                        reason="malformed on purpose",
+                        key=handle.key,
+                        generation=handle.messages[s].generation,
+                    ),
+                    now=self.now,
+                    ttl=TTL,
+                    request=request,
+                )
+            ],
+            drop,
+        )
+
     @precondition(lambda self: any(h.held and h.claimed for h in self.free_handles()))
     @rule(
         data=st.data(),
@@ -876,7 +910,7 @@ class StoreDifferential(RuleBasedStateMachine):
 
 
 SETTINGS = settings(
-    max_examples=100,
+    max_examples=int(os.environ.get("DOCKET_DIFFERENTIAL_EXAMPLES", "100")),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -4,6 +4,7 @@ received them): the worker recreates what it needs and goes on."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -11,9 +12,9 @@ from datetime import timedelta
 import anyio
 import pytest
 import redis
-from servers import Server
+from servers import Server, redis_server_binary, valkey_server_binary
 
-from docket_core import Docket, ExecutionState, Worker
+from docket_core import Docket, ExecutionState, StoreUnavailable, Worker
 
 pytestmark = [
     pytest.mark.anyio,
@@ -21,8 +22,18 @@ pytestmark = [
 ]
 
 
+def recreation_warnings(caplog: pytest.LogCaptureFixture, docket: Docket) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+        and "recreated" in r.getMessage()
+        and docket.name in r.getMessage()
+    ]
+
+
 async def test_a_worker_goes_on_after_its_stream_vanishes(
-    docket: Docket, server_for: Callable[[], Server | None]
+    docket: Docket, server_for: Callable[[], Server | None], caplog: pytest.LogCaptureFixture
 ) -> None:
     server = server_for()
     assert server is not None
@@ -59,6 +70,8 @@ async def test_a_worker_goes_on_after_its_stream_vanishes(
         execution = await docket.get_execution(f"after-{n}")
         assert execution is not None and execution.state is ExecutionState.COMPLETED
     assert worker.counters.get("succeeded", 0) == 5
+    # the worker says what it recreated, once, naming the docket
+    assert len(recreation_warnings(caplog, docket)) == 1
 
 
 async def test_a_run_in_flight_when_the_stream_vanishes_still_ends(
@@ -95,3 +108,57 @@ async def test_a_run_in_flight_when_the_stream_vanishes_still_ends(
     finally:
         client.close()
     assert worker.counters.get("succeeded", 0) == 1
+
+
+async def test_a_worker_goes_on_after_a_restart_without_persistence(
+    backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server restarts empty under a running worker (its scripts, stream,
+    group and records all gone): the worker logs that it recreated the
+    stream and group, and runs what is added afterwards."""
+    store = backend.rsplit("-", 1)[0]
+    binary = redis_server_binary() if store.endswith("redis") else valkey_server_binary()
+    if binary is None:
+        pytest.skip(f"no server binary for {backend}")
+    server = Server(binary).start()
+    scheme = "glide" if store.startswith("glide") else "redis"
+    url = f"{scheme}://127.0.0.1:{server.port}/0"
+    ran: list[int] = []
+
+    async def job(n: int) -> None:
+        ran.append(n)
+
+    async def add(docket: Docket, n: int) -> None:
+        # a producer retries while its connections come back
+        while True:
+            try:
+                await docket.add(job, key=f"job-{n}")(n)
+                return
+            except StoreUnavailable:
+                await anyio.sleep(0.05)
+
+    try:
+        async with Docket(name=f"restart-{uuid.uuid4().hex}", url=url) as docket:
+            docket.register(job)
+            worker = Worker(
+                docket,
+                name=f"worker-{uuid.uuid4().hex[:8]}",
+                minimum_check_interval=timedelta(milliseconds=10),
+                reconnection_delay=timedelta(milliseconds=50),
+            )
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(worker.run_forever)
+                    await add(docket, 1)
+                    while ran != [1]:
+                        await anyio.sleep(0.01)
+                    assert recreation_warnings(caplog, docket) == []  # a new docket
+                    server.restart()
+                    for n in range(2, 6):
+                        await add(docket, n)
+                    while sorted(ran) != [1, 2, 3, 4, 5]:
+                        await anyio.sleep(0.01)
+                    group.cancel_scope.cancel()
+            assert recreation_warnings(caplog, docket), "the worker did not say so"
+    finally:
+        server.cleanup()

@@ -21,6 +21,9 @@ sub-namespaces, so no task key can collide with an internal key):
 ``P:workers``           zset    worker -> last heartbeat
 ``P:worker-tasks:<w>``  string  JSON list of a worker's task names (expires)
 ``P:strikes``           stream  strike and restore instructions, in order
+``P:dead``              stream  malformed entries set aside: ``id``, ``reason``,
+                                ``at``, ``key``, ``raw`` (their fields, packed);
+                                about the newest 10,000 are kept
 ``P:did:<origin>``      hash    outcomes of a worker's requests, for resends
                                 (``_floor`` and request number -> JSON outcome)
 ``P:events:<key>``      pubsub  state and progress events of a task key
@@ -41,7 +44,7 @@ tags, which a standalone server allows and a cluster does not.
 ======================  ======  ===================================================
 
 A parked record carries ``parked`` (the limit) and ``pin`` (its ``S``).
-Permanent keys (no TTL while the docket is in use): ``P:q``, ``P:due``,
+Permanent keys (no TTL while the docket is in use): ``P:q``, ``P:due``, ``P:dead``,
 ``P:parked``, ``P:pools``, ``S:waiting``, ``P:workers``, ``P:strikes``,
 ``P:generation``.  ``P:did:<origin>`` expires ``remember`` after its
 worker's last remembered call, and holds only the outcomes whose replies the
@@ -67,6 +70,8 @@ SCRIPT_NAMES = (
     "progress",
     "inspect",
     "clear",
+    "bury",
+    "dead",
 )
 
 

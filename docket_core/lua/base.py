@@ -9,26 +9,43 @@ stream read, a hash read, strike stream access, pub/sub).  ``docket_redis`` and
 from __future__ import annotations
 
 import abc
-import json
+import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import anyio
-import cloudpickle
+import attrs
 
 from ..adapter import Event, ReadResult
 from ..sansio.effects import StoreEffect
 from ..sansio.inputs import Outcome
 from ..sansio.strikes import StrikeInstruction, StrikeList
 from ..sansio.values import (
+    DeadLetter,
     ExecutionRecord,
     ProgressRecord,
     StoreSnapshot,
     WorkerRecord,
 )
+from ..serialization import MalformedStrike, Signing, dumps_strike, parse_strike
+from .entries import (
+    parse_cancellation,
+    parse_dead_letters,
+    parse_event,
+    parse_progress,
+    parse_progress_reply,
+    parse_read,
+    parse_record,
+    parse_snapshot,
+    parse_stream_entries,
+    text,
+    wake_ids,
+)
+from .fanout import Fanout, Subscriber
 from .protocol import (
     PROMOTE_LIMIT,
     Layout,
@@ -36,41 +53,37 @@ from .protocol import (
     calls_for,
     number,
     outcomes_for,
-    parse_progress,
-    parse_progress_reply,
-    parse_read,
-    parse_record,
-    parse_snapshot,
-    parse_stream_entries,
     progress_call,
-    text,
-    wake_ids,
 )
+
+#: how many messages of each kind a snapshot lists (its counts are all of them)
+SNAPSHOT_LIMIT = 1000
+#: how many messages one call of the clear script cancels at most (a few ms)
+CLEAR_CHUNK = "1000"
+logger = logging.getLogger("docket.strikes")
 
 #: how often a process looks for strikes made by other processes
 STRIKE_REFRESH_SECONDS = 1.0
 #: the longest a server may overrun a blocked read's timeout (1 / hz, hz=10)
 SERVER_TICK = 0.1
 
-#: server replies that mean "not now" rather than "never", as redis-py and
-#: GLIDE word them (GLIDE says "BusyLoadingError: Redis is loading ..."); a
-#: store out of memory refuses writes until memory frees, so it is one too
-_TRANSIENT_REPLIES = (
-    "loading",
-    "busy",
-    "tryagain",
-    "masterdown",
-    "clusterdown",
-    "readonly",
-    "oom ",
+#: server replies that mean "not now" rather than "never": their error codes
+#: (a restart, a failover, a full memory, a script running long; GLIDE words
+#: them "OOM: ...", "- ReadOnly: ...", "BusyLoadingError: Redis is loading"),
+#: and the messages redis-py keeps once it has turned the code into a class
+#: (``OutOfMemoryError``: "command not allowed when used memory > ...")
+_TRANSIENT = re.compile(
+    r"\b(loading|busy|tryagain|masterdown|clusterdown|readonly|oom|noreplicas|unblocked)\b"
+    r"|is loading the dataset|busy running a script|command not allowed when used memory"
+    r"|read only replica|link with master is down|not enough good replicas",
+    re.IGNORECASE,
 )
 
 
 def transient(message: str) -> bool:
     """Whether a server error reply is worth retrying (a restart, a failover,
-    a full memory)."""
-    lowered = message.lower()
-    return any(word in lowered for word in _TRANSIENT_REPLIES)
+    a full memory): the store refuses now, and will take it later."""
+    return _TRANSIENT.search(message) is not None
 
 
 class ScriptedStore(abc.ABC):
@@ -108,16 +121,33 @@ class ScriptedStore(abc.ABC):
         """``HGETALL key`` as a flat ``[f, v, ...]`` list."""
 
     @abc.abstractmethod
-    async def strike_entries(self, after: str) -> list[tuple[str, bytes]]:
-        """Entries of the strike stream after ``after``: ``(id, data)``."""
+    async def strike_entries(self, after: str) -> list[tuple[str, list[Any]]]:
+        """Entries of the strike stream after ``after``: ``(id, [f, v, ...])``,
+        fields as the server holds them (``parse_strike`` reads them)."""
 
     @abc.abstractmethod
     async def append_strike(self, data: bytes) -> str:
         """Append to the strike stream; returns the entry id."""
 
     @abc.abstractmethod
+    async def subscriber(self) -> Subscriber:
+        """A new client connection in subscriber mode (``fanout.Subscriber``);
+        every listener of this store shares one."""
+
+    #: the one pub/sub connection every listener of this store shares
+    _fanout: Fanout | None = None
+
     def listen(self, channel: str) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
         """Subscribe to ``channel``; yields message payloads until exited."""
+        if self._fanout is None:
+            self._fanout = Fanout(self.subscriber)
+        return self._fanout.listen(channel)
+
+    async def close_listeners(self) -> None:
+        """Close the shared subscriber (adapters call it on ``close``)."""
+        if self._fanout is not None:
+            await self._fanout.aclose()
+            self._fanout = None
 
     # -- the storage algebra ---------------------------------------------------------
 
@@ -153,7 +183,17 @@ class ScriptedStore(abc.ABC):
         result = parse_read(reply)
         if len(reply) > 2:
             self._autoclaim_cursor[worker] = text(reply[2])
-        if result.deliveries or block <= 0:
+        if len(reply) > 3 and int(reply[3]) == 1 and self._read_before:
+            # not the first read of a new docket: what this process read from
+            # before had vanished (a FLUSHALL, a restart without persistence)
+            logging.getLogger("docket.worker").warning(
+                "docket %s: its queue stream or consumer group had vanished (a FLUSHALL, a "
+                "server restarted without persistence?); recreated them (worker %s)",
+                self.name,
+                worker,
+            )
+        self._read_before = True
+        if result.deliveries or result.malformed or block <= 0:
             return result
         # A blocked read ends early when a message arrives, but its timeout is
         # only noticed on the server's clock tick (every 100 ms at the default
@@ -175,7 +215,12 @@ class ScriptedStore(abc.ABC):
         wakes = wake_ids(entries)
         if wakes:
             await self.acknowledge(wakes)
-        return ReadResult(deliveries=tuple(parse_stream_entries(entries)), next_due=result.next_due)
+        fresh = parse_stream_entries(entries)
+        return attrs.evolve(fresh, next_due=result.next_due)
+
+    #: a read of this store succeeded in this process (so the consumer group
+    #: existed once: a read that must create it again reports it)
+    _read_before = False
 
     async def pending(self) -> int:
         (reply,) = await self.run_calls([self.layout.call("inspect", "pending", "0")])
@@ -219,8 +264,9 @@ class ScriptedStore(abc.ABC):
 
             async def events() -> AsyncIterator[Event]:
                 async for data in messages:
-                    event: Event = json.loads(data)
-                    yield event
+                    event = parse_event(data)
+                    if event is not None:
+                        yield event
 
             yield events()
 
@@ -230,14 +276,22 @@ class ScriptedStore(abc.ABC):
 
             async def keys() -> AsyncIterator[tuple[str, int]]:
                 async for data in messages:
-                    signal = json.loads(data)
-                    yield signal["key"], int(signal["generation"])
+                    signal = parse_cancellation(data)
+                    if signal is not None:
+                        yield signal
 
             yield keys()
 
+    #: the docket's signing keys (``Docket`` sets them): strikes are signed
+    #: with them, and entries they do not verify are skipped
+    signing: Signing | None = None
+    #: strike entries skipped as malformed or badly signed
+    malformed_strikes: int = 0
+
     async def add_strike(self, instruction: StrikeInstruction) -> None:
         await self._refresh_strikes(force=True)
-        self._strikes_seen = await self.append_strike(cloudpickle.dumps(instruction))
+        data = dumps_strike(instruction, self.signing)
+        self._strikes_seen = await self.append_strike(data)
         self._strikes.apply(instruction)
 
     async def strikes(self) -> StrikeList:
@@ -249,17 +303,19 @@ class ScriptedStore(abc.ABC):
         if not force and now - self._strikes_checked < STRIKE_REFRESH_SECONDS:
             return
         self._strikes_checked = now
-        for entry_id, data in await self.strike_entries(self._strikes_seen):
-            try:
-                instruction = cloudpickle.loads(data)
-            except Exception:
-                instruction = None
-            if isinstance(instruction, StrikeInstruction):
-                self._strikes.apply(instruction)
+        for entry_id, fields in await self.strike_entries(self._strikes_seen):
+            parsed = parse_strike(fields, self.signing)
+            if isinstance(parsed, MalformedStrike):
+                self.malformed_strikes += 1
+                logger.warning(
+                    "docket %s skips strike entry %s: %s", self.name, entry_id, parsed.reason
+                )
+            else:
+                self._strikes.apply(parsed)
             self._strikes_seen = entry_id
 
-    async def snapshot(self, now: float) -> StoreSnapshot:
-        (reply,) = await self.run_calls([self.layout.call("inspect", "snapshot", "1000")])
+    async def snapshot(self, now: float, limit: int = SNAPSHOT_LIMIT) -> StoreSnapshot:
+        (reply,) = await self.run_calls([self.layout.call("inspect", "snapshot", str(limit))])
         return parse_snapshot(reply, now)
 
     async def workers(self, now: float, horizon: float) -> list[WorkerRecord]:
@@ -267,5 +323,28 @@ class ScriptedStore(abc.ABC):
         return [w for w in snapshot.workers if w.last_seen > now - horizon]
 
     async def clear(self, now: float, ttl: float) -> int:
-        (reply,) = await self.run_calls([self.layout.call("clear", number(now), number(ttl))])
+        cleared, cursor = 0, "-"
+        while True:
+            call = self.layout.call("clear", number(now), number(ttl), CLEAR_CHUNK, cursor)
+            ((count, done, cursor),) = await self.run_calls([call])
+            cleared += int(count)
+            if int(done) == 1:
+                return cleared
+            cursor = text(cursor)
+
+    async def dead_letters(self, limit: int = SNAPSHOT_LIMIT) -> tuple[int, list[DeadLetter]]:
+        (reply,) = await self.run_calls([self.layout.call("dead", "list", str(limit))])
+        return parse_dead_letters(reply)
+
+    async def replay_dead_letters(self, entry_ids: Sequence[str]) -> int:
+        if not entry_ids:
+            return 0
+        (reply,) = await self.run_calls([self.layout.call("dead", "replay", "0", *entry_ids)])
+        return int(reply)
+
+    async def drop_dead_letters(self, entry_ids: Sequence[str] | None) -> int:
+        ids = ["*"] if entry_ids is None else list(entry_ids)
+        if not ids:
+            return 0
+        (reply,) = await self.run_calls([self.layout.call("dead", "drop", "0", *ids)])
         return int(reply)

@@ -1,6 +1,12 @@
--- Clear: ARGV = prefix, group, now, ttl.  Cancels every scheduled, parked and
--- queued (undelivered) message; returns how many.
-local now, ttl = ARGV[3], ARGV[4]
+-- Clear: ARGV = prefix, group, now, ttl, budget, cursor.  Cancels up to
+-- about `budget` scheduled, parked and queued (undelivered) messages, in that
+-- order, so one call never blocks the server for long; the caller calls again
+-- until done.  `cursor` is where the last call's queue scan stopped ('-' to
+-- start).  Returns {how many were cancelled, 1 when done else 0, cursor}.
+local now, ttl, budget, cursor = ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
+if not tonumber(now) or not tonumber(ttl) or not budget or budget < 1 or not cursor then
+  error('docket: clear takes a now, a ttl, a budget and a cursor')
+end
 local count = 0
 local function cancel(key)
   if redis.call('EXISTS', run_key(key)) == 1 then
@@ -10,15 +16,25 @@ local function cancel(key)
   end
   count = count + 1
 end
-for _, key in ipairs(redis.call('ZRANGE', DUE, 0, -1)) do cancel(key) end
-for _, key in ipairs(redis.call('SMEMBERS', P .. ':parked')) do cancel(key) end
-local ok, pending = pcall(redis.call, 'XPENDING', Q, GROUP, '-', '+', 100000)
-local held = {}
-if ok then for _, p in ipairs(pending) do held[p[1]] = true end end
-for _, entry in ipairs(redis.call('XRANGE', Q, '-', '+')) do
-  local id, fields = entry[1], entry[2]
-  if not held[id] then
-    if fields[1] == 'k' then cancel(fields[2]) else redis.call('XDEL', Q, id) end
+for _, key in ipairs(redis.call('ZRANGE', DUE, 0, budget - 1)) do cancel(key) end
+if count < budget then
+  for _, key in ipairs(redis.call('SRANDMEMBER', P .. ':parked', budget - count)) do
+    cancel(key)
+    redis.call('SREM', P .. ':parked', key)
   end
 end
-return count
+if count >= budget then return {count, 0, cursor} end
+local wanted = budget - count
+local start = cursor == '-' and '-' or '(' .. cursor
+local entries = redis.call('XRANGE', Q, start, '+', 'COUNT', wanted)
+for _, entry in ipairs(entries) do
+  local id, fields = entry[1], entry[2]
+  cursor = id
+  if not holder_of(id) then
+    if fields[1] == 'k' then cancel(fields[2]) end
+    redis.call('XDEL', Q, id)
+  end
+end
+local done = #entries < wanted and redis.call('ZCARD', DUE) == 0
+             and redis.call('SCARD', P .. ':parked') == 0
+return {count, done and 1 or 0, cursor}

@@ -6,6 +6,8 @@ local P = ARGV[1]
 local GROUP = ARGV[2]
 local Q = P .. ':q'
 local DUE = P .. ':due'
+-- the dead-letter stream keeps about this many entries (the newest)
+local DEAD_LETTER_LIMIT = 10000
 
 -- the fields of a batch, sent as one argument: "<length>:<bytes>" each
 local function unpack_fields(blob)
@@ -86,13 +88,27 @@ local function publish(key, event, p)
   redis.call('PUBLISH', (p or P) .. ':events:' .. key, cjson.encode(event))
 end
 
--- queue a message now: XADD it and remember its entry id on the record
+-- queue a message now: XADD it and remember its entry id on the record.  A
+-- field missing (a hash that was not ours) is left out, never an error after
+-- the caller's first write: the worker that reads the entry sets it aside
 local function enqueue(key, fn, payload, when, attempt, gen, p)
   p = p or P
-  local sid = redis.call('XADD', p .. ':q', '*', 'k', key, 'f', fn, 'p', payload,
-                         'w', when, 'a', attempt, 'g', gen)
+  local sid
+  if fn and payload and when and attempt and gen then
+    sid = redis.call('XADD', p .. ':q', '*', 'k', key, 'f', fn, 'p', payload,
+                     'w', when, 'a', attempt, 'g', gen)
+  else
+    local fields, values = {'k', key}, {fn, payload, when, attempt, gen}
+    for i, name in ipairs({'f', 'p', 'w', 'a', 'g'}) do
+      if values[i] then
+        fields[#fields + 1] = name
+        fields[#fields + 1] = values[i]
+      end
+    end
+    sid = redis.call('XADD', p .. ':q', '*', unpack(fields))
+  end
   redis.call('HSET', p .. ':run:' .. key, 'state', 'queued', 'sid', sid)
-  publish(key, {type = 'state', state = 'queued', when = tonumber(when)}, p)
+  publish(key, {type = 'state', state = 'queued', when = tonumber(when or '')}, p)
   return sid
 end
 
@@ -186,7 +202,7 @@ local function wake(S, limit, now)
       redis.call('HDEL', run, 'parked', 'pin')
       redis.call('SREM', p .. ':parked', key)
       local when = r[6]
-      if tonumber(when) > tonumber(now) then when = now end
+      if (tonumber(when or '') or 0) > tonumber(now) then when = now end
       enqueue(key, r[4], r[5], when, r[7], r[8], p)
       if redis.call('LLEN', waiting) == 0 then
         redis.call('SREM', S .. ':waiting', limit)

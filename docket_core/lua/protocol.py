@@ -13,9 +13,9 @@ from typing import Any
 
 import attrs
 
-from ..adapter import ReadResult
 from ..sansio.effects import (
     AcquireSlot,
+    BuryMalformed,
     Cancel,
     Claim,
     Finish,
@@ -28,6 +28,7 @@ from ..sansio.effects import (
 )
 from ..sansio.errors import StoreError
 from ..sansio.inputs import (
+    Buried,
     CancelDone,
     ClaimDone,
     ClaimVerdict,
@@ -40,15 +41,9 @@ from ..sansio.inputs import (
     SlotReleased,
 )
 from ..sansio.values import (
-    Delivery,
-    ExecutionRecord,
     ExecutionState,
-    ProgressRecord,
-    RunningRecord,
-    StoreSnapshot,
-    TaskMessage,
-    WorkerRecord,
 )
+from .entries import pack, text
 
 GROUP = "docket-workers"
 #: how long a worker's task list outlives its last heartbeat
@@ -67,12 +62,6 @@ def number(value: float) -> str:
 def number_bytes(value: float) -> bytes:
     """``number`` as bytes."""
     return b"%a" % float(value)
-
-
-def text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode()
-    return str(value)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -146,7 +135,7 @@ def memo_header(request: Request | None) -> bytes:
         request.worker.encode(),
         request.origin.encode(),
     )
-    return b"".join(b"%d:%b" % (len(field), field) for field in fields)
+    return pack(fields)
 
 
 def request_seq(effect: StoreEffect) -> bytes:
@@ -336,6 +325,22 @@ def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
             number(effect.now),
             number(effect.ttl),
         )
+    if kind is BuryMalformed:
+        assert isinstance(effect, BuryMalformed)
+        entry = effect.entry
+        return layout.remembered_call(
+            "bury",
+            effect.request,
+            request_seq(effect),
+            entry.delivery_id.encode(),
+            entry.reason.encode(),
+            number_bytes(effect.now),
+            number_bytes(effect.ttl),
+            (entry.key or "").encode(),
+            b"0" if entry.key is None else b"1",
+            b"" if entry.generation is None else b"%d" % entry.generation,
+            pack([part for field in entry.fields for part in (field[0].encode(), field[1])]),
+        )
     if kind is Heartbeat:
         assert isinstance(effect, Heartbeat)
         return layout.call(
@@ -395,97 +400,17 @@ def outcome_for(effect: StoreEffect, reply: Any) -> Outcome:
             return CancelDone(
                 key=effect.key, previous=ExecutionState(previous) if previous else None
             )
+        if kind is BuryMalformed:
+            assert isinstance(effect, BuryMalformed)
+            verdict = int(reply)
+            return Buried(
+                delivery_id=effect.entry.delivery_id, moved=verdict >= 1, failed_key=verdict == 2
+            )
         if kind is Heartbeat:
             return HeartbeatDone()
     except (TypeError, ValueError) as error:
         raise StoreError(f"unexpected reply {reply!r} to {effect!r}") from error
     raise TypeError(f"no script carries out {effect!r}")
-
-
-def fields_of(flat: Sequence[Any]) -> dict[str, Any]:
-    """``[f1, v1, f2, v2, ...]`` as a dict with text field names."""
-    return {text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
-
-
-def message_of(fields: dict[str, Any]) -> TaskMessage:
-    return TaskMessage(
-        key=text(fields["k"]),
-        function=text(fields["f"]),
-        payload=bytes(fields["p"]) if not isinstance(fields["p"], str) else fields["p"].encode(),
-        when=float(text(fields["w"])),
-        attempt=int(text(fields["a"])),
-        generation=int(text(fields["g"])),
-    )
-
-
-def parse_read(reply: Any) -> ReadResult:
-    entries, next_due = reply[0], reply[1]
-    deliveries = []
-    for entry_id, flat, redelivered in entries:
-        deliveries.append(
-            Delivery(
-                delivery_id=text(entry_id),
-                message=message_of(fields_of(flat)),
-                redelivered=int(redelivered) == 1,
-            )
-        )
-    due = text(next_due) if next_due is not None else ""
-    return ReadResult(deliveries=tuple(deliveries), next_due=float(due) if due else None)
-
-
-def parse_stream_entries(entries: Any) -> list[Delivery]:
-    """Entries of a plain XREADGROUP reply (``[[id, [f, v, ...]], ...]``)."""
-    return [
-        Delivery(delivery_id=text(entry_id), message=message_of(fields_of(flat)))
-        for entry_id, flat in entries
-        if flat and text(flat[0]) != "wake"
-    ]
-
-
-def wake_ids(entries: Any) -> list[str]:
-    return [text(entry_id) for entry_id, flat in entries if not flat or text(flat[0]) == "wake"]
-
-
-def parse_record(key: str, flat: Sequence[Any]) -> ExecutionRecord | None:
-    if not flat:
-        return None
-    f = fields_of(flat)
-    if "state" not in f or "f" not in f:
-        return None
-
-    def optional_float(name: str) -> float | None:
-        return float(text(f[name])) if name in f else None
-
-    payload = f.get("p", b"")
-    result = f.get("result")
-    return ExecutionRecord(
-        key=key,
-        function=text(f["f"]),
-        payload=payload.encode() if isinstance(payload, str) else bytes(payload),
-        when=float(text(f.get("w", "0"))),
-        attempt=int(text(f.get("a", "1"))),
-        generation=int(text(f.get("g", "0"))),
-        state=ExecutionState(text(f["state"])),
-        worker=text(f["worker"]) if "worker" in f else None,
-        started_at=optional_float("started"),
-        completed_at=optional_float("completed"),
-        error=text(f["error"]) if "error" in f else None,
-        result=(result.encode() if isinstance(result, str) else bytes(result))
-        if result is not None
-        else None,
-    )
-
-
-def parse_progress(flat: Sequence[Any]) -> ProgressRecord | None:
-    if not flat:
-        return None
-    f = fields_of(flat)
-    return ProgressRecord(
-        current=int(text(f.get("current", "0"))),
-        total=int(text(f.get("total", "100"))),
-        message=text(f["message"]) if "message" in f else None,
-        updated_at=float(text(f["updated"])) if "updated" in f else None,
-    )
 
 
 def progress_call(
@@ -514,44 +439,3 @@ def progress_call(
         "1" if clear_message or message == "" else "0",
         opt(generation),
     )
-
-
-def parse_progress_reply(reply: Any) -> ProgressRecord:
-    current, total, message, updated = reply
-    return ProgressRecord(
-        current=int(text(current)),
-        total=int(text(total)),
-        message=text(message) if message is not None else None,
-        updated_at=float(text(updated)) if updated is not None else None,
-    )
-
-
-def parse_snapshot(reply: Any, now: float) -> StoreSnapshot:
-    entries, pending, scheduled, parked, infos = reply
-    held = {text(p[0]): (text(p[1]), int(p[2])) for p in pending}
-    future: list[TaskMessage] = []
-    running: list[RunningRecord] = []
-    for entry_id, flat in entries:
-        if not flat or text(flat[0]) == "wake":
-            continue
-        message = message_of(fields_of(flat))
-        holder = held.get(text(entry_id))
-        if holder is None:
-            future.append(message)
-        else:
-            worker, idle_ms = holder
-            running.append(
-                RunningRecord(message=message, worker=worker, started=now - idle_ms / 1000)
-            )
-    future.extend(message_of(fields_of(flat)) for flat in scheduled if flat)
-    future.extend(message_of(fields_of(flat)) for flat in parked if flat)
-    future.sort(key=lambda m: m.when)
-    workers = tuple(
-        WorkerRecord(
-            name=text(name),
-            last_seen=float(text(score)),
-            tasks=frozenset(json.loads(text(tasks))),
-        )
-        for name, score, tasks in infos
-    )
-    return StoreSnapshot(taken=now, future=tuple(future), running=tuple(running), workers=workers)

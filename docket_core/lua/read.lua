@@ -1,7 +1,8 @@
 -- Read: ARGV = prefix, group, worker, count, now, redelivery_ms, promote_limit,
 -- recover ('1': first hand back up to 1000 entries this worker already holds),
 -- cursor (where the last scan for stale deliveries stopped; '0-0' to start).
--- Returns {deliveries, next_due, cursor}.
+-- Returns {deliveries, next_due, cursor, created} (created: 1 when this read
+-- made the consumer group, and the stream if it was missing too).
 -- Queues due messages, takes over deliveries idle for redelivery_ms, then
 -- reads new ones.  Returns {deliveries, next_due} where each delivery is
 -- {id, fields, redelivered}; wake entries are acknowledged and skipped.
@@ -12,7 +13,8 @@ for _, key in ipairs(due) do
   local m = redis.call('HMGET', msg_key(key), 'f', 'p', 'w', 'a', 'g')
   redis.call('ZREM', DUE, key)
   redis.call('DEL', msg_key(key))
-  if m[1] then
+  -- a message that lost fields is queued as it is (the reader sets it aside)
+  if m[1] or m[2] or m[3] or m[4] or m[5] or redis.call('HGET', run_key(key), 'state') == 'scheduled' then
     enqueue(key, m[1], m[2], m[3], m[4], m[5])
   end
 end
@@ -53,12 +55,14 @@ if ARGV[8] == '1' then
 end
 -- XAUTOCLAIM scans at most 10 x COUNT pending entries: resume where the last
 -- read stopped, so stale deliveries behind many live ones are reached too
+local created = 0
 local ok, claimed = pcall(redis.call, 'XAUTOCLAIM', Q, GROUP, worker, idle,
                           ARGV[9] or '0-0', 'COUNT', count)
 if not ok then
   if string.find(tostring(claimed), 'NOGROUP') then
     redis.call('XGROUP', 'CREATE', Q, GROUP, '0', 'MKSTREAM')
     claimed = {'0-0', {}}
+    created = 1
   else
     return redis.error_reply(tostring(claimed))
   end
@@ -70,4 +74,4 @@ if #out < count then
   if fresh then take(fresh[1][2], 0) end
 end
 local head = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
-return {out, head[2] or '', claimed[1]}
+return {out, head[2] or '', claimed[1], created}

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import attrs
 
-from .effects import Finish, Request, Schedule, StoreEffect
+from .effects import BuryMalformed, Finish, Request, Schedule, StoreEffect
 from .inputs import FollowUp, TaskEnded, TaskOutcome
 from .values import (
     ExecutionState,
+    MalformedEntry,
     RetryPolicy,
     ScheduleMode,
     TaskMessage,
@@ -138,6 +139,7 @@ def plan_reject(
     that cannot be read) is a recorded failure with the reason; a strike is a
     cancellation."""
     state = ExecutionState.FAILED if problem is not None else ExecutionState.CANCELLED
+    failed = problem is not None
     return Finish(
         delivery_id=delivery_id,
         key=message.key,
@@ -146,7 +148,22 @@ def plan_reject(
         now=now,
         # a failure nobody could run is kept even on fire-and-forget dockets,
         # so that it is visible; a struck task follows the docket's ttl
-        ttl=execution_ttl if problem is None else max(execution_ttl, 3600.0),
+        ttl=failure_ttl(execution_ttl) if failed else execution_ttl,
         error=problem,
         request=request,
     )
+
+
+def failure_ttl(execution_ttl: float) -> float:
+    """How long the record of a task nobody could run is kept: at least an
+    hour, even on fire-and-forget dockets, so that it is visible."""
+    return max(execution_ttl, 3600.0)
+
+
+def plan_bury(
+    *, worker: str, entry: MalformedEntry, now: float, execution_ttl: float, request: Request
+) -> BuryMalformed:
+    """Set a malformed entry aside in the dead-letter stream (failing its key
+    when it is the key's current message)."""
+    ttl = failure_ttl(execution_ttl)
+    return BuryMalformed(worker=worker, entry=entry, now=now, ttl=ttl, request=request)

@@ -13,8 +13,8 @@ A reply can be lost after the store ran an effect (a server killed after its
 append-only-file write, a connection killed).  The worker machine resends such
 a batch, so every store effect is safe to send twice:
 
-- ``Claim``, ``Finish``, ``Schedule``, ``AcquireSlot``, ``ReleaseSlot`` and
-  ``Cancel`` carry a ``Request``.  The store remembers the outcome of each
+- ``Claim``, ``Finish``, ``Schedule``, ``AcquireSlot``, ``ReleaseSlot``,
+  ``Cancel`` and ``BuryMalformed`` carry a ``Request``.  The store remembers the outcome of each
   request of an origin until the origin's floor passes it, and answers a resend
   with the first outcome instead of acting again.  A resend carries the time of
   its own attempt, so a replayed acquisition that came back *acquired* renews
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import attrs
 
-from .values import ExecutionState, HeldSlot, ScheduleMode, TaskMessage
+from .values import ExecutionState, HeldSlot, MalformedEntry, ScheduleMode, TaskMessage
 
 
 class Effect:
@@ -224,6 +224,24 @@ class Heartbeat(StoreEffect):
     tasks: tuple[str, ...]
     now: float
     leaving: bool = False
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class BuryMalformed(StoreEffect):
+    """Move a malformed entry this worker holds to the dead-letter stream with
+    its reason, and acknowledge it; when the entry is its key's current
+    message (the key's record names it, or its generation is the key's and
+    the key is live), record the key ``failed`` with the reason.  Changes
+    nothing unless ``worker`` still holds the entry (a second bury of one
+    entry, or one that was taken over, does nothing).  Answered by
+    ``Buried``."""
+
+    worker: str
+    entry: MalformedEntry
+    now: float
+    ttl: float
+    #: resend bookkeeping (see ``Request``)
+    request: Request | None = attrs.field(default=None, eq=False)
 
 
 # -- reads -------------------------------------------------------------------

@@ -14,7 +14,7 @@ import enum
 import attrs
 
 from .effects import StoreEffect
-from .values import Delivery, ExecutionState, TaskPolicy
+from .values import Delivery, ExecutionState, MalformedEntry, TaskPolicy
 
 
 class Input:
@@ -135,6 +135,8 @@ class ReadDone(Input):
     next_due: float | None
     now: float
     pending: int | None = None
+    #: entries the read brought that are not messages
+    malformed: tuple[MalformedEntry, ...] = ()
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -189,6 +191,17 @@ class CancelDone(Outcome):
 
     key: str
     previous: ExecutionState | None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Buried(Outcome):
+    """Outcome of ``BuryMalformed``: whether the entry moved to the dead-letter
+    stream (false when this worker no longer held it), and whether its key
+    was recorded failed."""
+
+    delivery_id: str
+    moved: bool
+    failed_key: bool = False
 
 
 class ClaimVerdict(enum.Enum):

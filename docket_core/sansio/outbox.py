@@ -10,13 +10,17 @@ store keeps outcomes (``remember``).  The machine sends one batch at a time.
 
 - A reply raises the floor past the batch and ends any failure streak.
 - A batch with no reply (``ReplyLost``) or an error (``StoreFailed``) is kept
-  for a resend at ``now + retry_delay``; until then the machine holds back its
-  other store effects, so nothing overtakes the failed batch.  The resend
+  for a resend after ``retry_delay``, doubled for each failure in a row up to
+  ``BACKOFF_CAP`` times it (a store refusing writes for a while, out of
+  memory or failing over, is not hammered); until then the machine holds back
+  its other store effects, so nothing overtakes the failed batch.  The resend
   carries the same requests, stamped with the time of the new attempt: the
   store answers what already ran with its first outcome.
 - A streak longer than ``resend_window`` gives the batch up (the machine
   leaves its deliveries to the store); the store remembers outcomes for longer
-  than that, so a resend never meets a store that forgot it.
+  than that, so a resend never meets a store that forgot it.  Once the worker
+  is stopping (``stop``), a streak longer than one ``retry_delay`` does: a
+  stopping worker tries once more, then leaves the rest to redelivery.
 - ``refusals_allowed`` errors in a row make the failure ``fatal``.
 """
 
@@ -28,6 +32,9 @@ import attrs
 
 from .effects import Effect, Request, StoreEffect
 from .inputs import ReplyLost, StoreFailed
+
+#: the longest wait before a resend, in retry delays
+BACKOFF_CAP = 4
 
 
 class Outbox:
@@ -56,7 +63,10 @@ class Outbox:
         self._failed: list[StoreEffect] = []
         self.resend_at: float | None = None
         self._failing_since: float | None = None
+        #: failures in a row (the backoff), and refusals among them
+        self._failures = 0
         self._refusals = 0
+        self._stopping = False
         #: why the worker must stop: the store refused a batch for good
         self.fatal: str | None = None
 
@@ -74,6 +84,7 @@ class Outbox:
     def replied(self, effects: Sequence[StoreEffect]) -> None:
         """The store answered ``effects``: their requests need no memory."""
         self._failing_since = None
+        self._failures = 0
         self._refusals = 0
         for effect in reversed(effects):
             request: Request | None = getattr(effect, "request", None)
@@ -92,12 +103,24 @@ class Outbox:
                 return ()
         if self._failing_since is None:
             self._failing_since = now
-        if now - self._failing_since >= self._resend_window:
+        window = self._retry_delay if self._stopping else self._resend_window
+        if now - self._failing_since >= window:
             self._failing_since = now
             return event.effects
         self._failed = list(event.effects)
-        self.resend_at = now + self._retry_delay
+        self._failures += 1
+        self.resend_at = now + self.backoff(self._failures)
         return ()
+
+    def backoff(self, failures: int) -> float:
+        """How long to wait before a resend, after ``failures`` in a row."""
+        doublings = min(max(failures - 1, 0), 8)
+        return self._retry_delay * min(2.0**doublings, BACKOFF_CAP)
+
+    def stop(self) -> None:
+        """The worker is stopping: a batch still failing after one more
+        ``retry_delay`` is given up, not sent for a whole resend window."""
+        self._stopping = True
 
     def hold_back(self, effects: list[Effect]) -> tuple[list[Effect], list[Effect]]:
         """Split ``effects`` into what may go out now and what must wait for

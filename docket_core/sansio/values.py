@@ -88,6 +88,34 @@ class Delivery:
 
 
 @attrs.frozen(slots=True, kw_only=True)
+class MalformedEntry:
+    """A stream entry that is not a message (a field missing, a number that
+    is not one): what could be read of it, and why it cannot run.  The core
+    moves it to the dead-letter stream, and fails its key when the entry is
+    the key's current message."""
+
+    delivery_id: str
+    reason: str
+    key: str | None = None
+    generation: int | None = None
+    #: the entry's fields as the store holds them, for the dead-letter stream
+    fields: tuple[tuple[str, bytes], ...] = ()
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class DeadLetter:
+    """An entry of the dead-letter stream: a malformed message set aside."""
+
+    entry_id: str
+    #: the delivery id the entry had in the queue
+    original_id: str
+    reason: str
+    dead_at: float
+    key: str | None = None
+    fields: tuple[tuple[str, bytes], ...] = ()
+
+
+@attrs.frozen(slots=True, kw_only=True)
 class RetryPolicy:
     """``Retry``/``ExponentialRetry`` reduced to numbers.
 
@@ -197,7 +225,15 @@ class StoreSnapshot:
     """The raw material of ``Docket.snapshot()``."""
 
     taken: float
-    #: scheduled or queued messages, soonest first
+    #: scheduled or queued messages, soonest first (at most a page of them)
     future: tuple[TaskMessage, ...]
     running: tuple[RunningRecord, ...]
     workers: tuple[WorkerRecord, ...]
+    #: how many messages are scheduled, queued or parked, and how many are
+    #: held by workers, in all (the lists above may show fewer)
+    future_total: int = 0
+    running_total: int = 0
+    #: entries that cannot be read as messages, still in the queue
+    malformed: tuple[MalformedEntry, ...] = ()
+    #: how many entries the dead-letter stream holds
+    dead_letters: int = 0

@@ -19,10 +19,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-import attrs
-
 from . import lifecycle
-from .decisions import plan_end, plan_reject
+from .decisions import plan_bury, plan_end, plan_reject
 from .effects import (
     AcquireSlot,
     CancelTask,
@@ -40,8 +38,10 @@ from .effects import (
     StoreEffect,
 )
 from .errors import UsageError
+from .flight import InFlight, WorkerConfig
 from .inputs import (
     Arrival,
+    Buried,
     CancelRequested,
     ClaimDone,
     ClaimVerdict,
@@ -64,90 +64,7 @@ from .inputs import (
 )
 from .lifecycle import Phase, Step
 from .outbox import Outbox
-from .values import HeldSlot, TaskMessage, TaskPolicy
-
-
-@attrs.frozen(slots=True, kw_only=True)
-class WorkerConfig:
-    """A worker's settings, in seconds."""
-
-    name: str
-    #: the docket's name: slot holders of dockets sharing a scope stay distinct
-    docket: str = ""
-    concurrency: int = 10
-    redelivery_timeout: float = 300.0
-    heartbeat_interval: float = 2.0
-    execution_ttl: float = 900.0
-    tasks: tuple[str, ...] = ()
-    #: how often automatic perpetual tasks are added again (None: never)
-    reseed_interval: float | None = None
-    #: this machine's life, unique and never reused (the origin of its
-    #: requests, so a restarted worker of the same name is never answered
-    #: with its predecessor's outcomes); the name when empty
-    origin: str = ""
-    #: how long after a lost reply or a refusal a batch is sent again
-    retry_delay: float = 5.0
-    #: how many refusals in a row of one batch end the worker
-    refusals_allowed: int = 3
-    #: the longest a read waits for work (``minimum_check_interval``)
-    read_block: float = 0.25
-    #: stop once nothing is scheduled, queued, parked or running
-    until_finished: bool = False
-    #: the machine asks for deliveries itself (``Read``); off, they are
-    #: handed in with ``Delivered`` (tests of single steps)
-    reads: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise UsageError("a worker's concurrency must be at least 1")
-        if self.redelivery_timeout <= 0:
-            raise UsageError("redelivery_timeout must be positive")
-        if self.heartbeat_interval <= 0:
-            raise UsageError("heartbeat_interval must be positive")
-
-    @property
-    def renew_interval(self) -> float:
-        return self.redelivery_timeout / 4
-
-    @property
-    def fence_after(self) -> float:
-        """How old this worker's last confirmed lease renewal may get before it
-        stops its runs itself: another worker may take a delivery or a slot
-        over one redelivery timeout after its renewal (by its own clock), so
-        stop a renewal interval before that."""
-        return self.redelivery_timeout - self.renew_interval
-
-    @property
-    def resend_window(self) -> float:
-        """How long a failed batch is sent again before it is given up: past
-        one redelivery timeout its leases have lapsed anyway."""
-        return self.redelivery_timeout
-
-    @property
-    def remember(self) -> float:
-        """How long the store keeps outcomes for resends: longer than any
-        resend may come."""
-        return 2 * self.resend_window + self.retry_delay
-
-
-@attrs.define(slots=True, kw_only=True)
-class InFlight:
-    """One delivery held by this worker."""
-
-    delivery_id: str
-    message: TaskMessage
-    policy: TaskPolicy
-    phase: Phase = Phase.ARRIVED
-    problem: str | None = None
-    started_at: float = 0.0
-    #: when its lease (and slot) were last known renewed, by this worker's clock
-    renewed_at: float = 0.0
-    deadline: float | None = None
-    #: the concurrency slot this delivery holds (limit key), once acquired
-    slot: str | None = None
-    #: why the runtime was asked to cancel the task function
-    cancel_reason: str | None = None
-
+from .values import HeldSlot
 
 #: phases a delivery may be in while its store effect is unanswered
 _GIVEN_UP_PHASES = frozenset({Phase.CLAIMING, Phase.ADMITTING, Phase.FINISHING})
@@ -270,6 +187,7 @@ class WorkerMachine:
                 flight.deadline = event.deadline
         elif type(event) is ShutdownRequested:
             self.accepting = False
+            self.outbox.stop()
             self._maybe_goodbye(event.now)
         elif type(event) is ReadDone:
             assert isinstance(event, ReadDone)
@@ -296,6 +214,9 @@ class WorkerMachine:
             kind = type(outcome)
             if kind is FinishDone or kind is Scheduled:
                 self._recorded(effect, now)
+            elif kind is Buried:
+                assert isinstance(outcome, Buried)
+                self.counters["dead_lettered" if outcome.moved else "bury_lost"] += 1
             elif kind is ClaimDone:
                 assert isinstance(outcome, ClaimDone)
                 self._claimed(outcome, now)
@@ -350,6 +271,17 @@ class WorkerMachine:
     def _read_done(self, event: ReadDone) -> None:
         self._reading = False
         self._next_due = event.next_due
+        for entry in event.malformed:
+            # never run, never retried: set aside with the reason
+            self.counters["malformed"] += 1
+            bury = plan_bury(
+                worker=self.config.name,
+                entry=entry,
+                now=event.now,
+                execution_ttl=self.config.execution_ttl,
+                request=self.outbox.request(),
+            )
+            self._effects.append(bury)
         if event.arrivals:
             self._delivered(Delivered(arrivals=event.arrivals, now=event.now))
         elif event.pending == 0 and not self.in_flight and self.config.until_finished:
@@ -681,3 +613,6 @@ class WorkerMachine:
             self._effects.append(
                 Heartbeat(worker=self.config.name, tasks=self.config.tasks, now=now, leaving=True)
             )
+
+
+__all__ = ["InFlight", "WorkerConfig", "WorkerMachine"]

@@ -7,35 +7,53 @@ Run it as a script::
 
 or call ``run_chaos(...)`` (``tests/chaos/test_chaos.py`` does, briefly).
 
-The driver (this process) starts a redis-server with AOF on and ``--appendfsync
+The driver (this module) starts a redis-server with AOF on and ``--appendfsync
 always`` on a free loopback port, starts worker subprocesses (this same file,
 ``worker`` subcommand, on asyncio), adds a stream of tasks (plain, limited to two
-at a time per customer, retried after failures, due a little later) and, for a
-fixed time, injects faults at random from a seed: worker SIGKILL, worker
-SIGTERM (each followed by a replacement worker), server SIGKILL and restart on
-the same port and directory (the AOF reloads), ``CLIENT KILL TYPE normal``, and
-two sharper kinds of it: ``stall-kill`` sends the kill while a side connection's
-50 ms script holds the server, so it lands right after the commands that queued
+at a time per customer, retried after failures, due a little later, and now and
+then a ``rogue`` task that raises ``CancelledError`` by itself, or an ``exits``
+task that raises ``SystemExit``: its run fails, then its worker stops after
+draining its other runs and the driver replaces it) and, for a fixed time,
+injects faults at random from a seed: worker SIGKILL, worker SIGTERM (each
+followed by a replacement worker), server SIGKILL and restart on the same port
+and directory (the AOF reloads), ``CLIENT KILL TYPE normal``, and two sharper
+kinds of it: ``stall-kill`` sends the kill while a side connection's 50 ms
+script holds the server, so it lands right after the commands that queued
 meanwhile ran (their replies are lost); ``claim-kill`` starts that stall as soon
 as MONITOR shows a worker claiming a limited task, so the concurrency-slot request
-that follows is what runs without a reply.  Worker processes also ledger every
-batch of script calls that fails (``batch-error``: the batches they resend).
+that follows is what runs without a reply.  ``poison`` XADDs a malformed entry
+straight into the docket's stream ``{NAME}:q`` (one lacking the field ``g``, one
+whose ``w`` is ``soon``, one of junk fields only), which the workers must move to
+the dead letters.  Worker processes also ledger every batch of script calls that
+fails (``batch-error``: the batches they resend).
+
+The modules: ``chaos_tasks.py`` (the settings, the ledger, the tasks and the
+worker process), ``chaos_faults.py`` (the faults sent on side connections),
+``chaos_report.py`` (the report and the checks) and this one (the driver,
+``run_chaos`` and the command line).
 
 Every run of a task body appends a ``start`` line and, in a ``finally``, an
 ``end`` line to one ledger file opened with O_APPEND (one ``os.write`` a line,
-so a line survives a SIGKILL); the driver appends its faults to the same file.
-After the faults stop, the surviving workers drain, are stopped with SIGTERM,
-and the run checks:
+so a line survives a SIGKILL); a task raising ``SystemExit`` appends a
+``sysexit`` line first; the driver appends its faults to the same file.  After
+the faults stop, the surviving workers drain, are stopped with SIGTERM, and the
+run checks:
 
 - nothing lost: every added key ends ``completed`` (``failed`` for the tasks
-  meant to fail for good), after a finished run of its own;
-- nothing left over: pending is 0, ``{NAME}:parked`` is empty, no record keeps
-  ``parked``/``pin``, no wait list is left, and no slot is held by a worker that
-  was not SIGKILLed (a SIGKILLed holder's slot expires by itself);
+  meant to fail for good: doomed, rogue, exits), after a finished run of its own
+  (one that ended ``ok``, or ``raised`` for those meant to fail);
+- nothing left over: pending is 0 (no poison entry stays in the queue either),
+  ``{NAME}:parked`` is empty, no record keeps ``parked``/``pin``, no wait list is
+  left, and no slot is held by a worker that was not SIGKILLed (a SIGKILLed
+  holder's slot expires by itself);
+- every poison entry is set aside exactly once: the dead-letter total equals the
+  number injected, and each injected entry's id is one letter's original id;
 - no key ran in two worker processes at once (a SIGKILLed worker's open runs end
   at its kill time), nor twice at once in one process;
 - no customer had more than two runs at once;
-- no worker died unasked, and every worker told to stop exited cleanly.
+- no worker died unasked (a worker whose task raised ``SystemExit`` was asked,
+  and must exit 0 having logged that it stops), and every worker told to stop
+  exited cleanly.
 
 Keys that ran more than once (at-least-once redeliveries) are counted, not
 failed on.  The exit status is non-zero when an invariant fails; the run's
@@ -45,21 +63,16 @@ directory (ledger, worker logs, server log) is kept then.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
-from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -67,366 +80,41 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
 ROOT = TESTS.parent
-for _path in (str(ROOT), str(TESTS)):
+for _path in (str(ROOT), str(TESTS), str(HERE)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
 import anyio  # noqa: E402
-import redis  # noqa: E402
+from chaos_faults import SideFaults  # noqa: E402
+from chaos_report import LedgerChecks, Report, Spec, StoreChecks, WorkerProcess  # noqa: E402
+from chaos_tasks import (  # noqa: E402
+    CUSTOMERS,
+    FAULT_KINDS,
+    FAULT_WEIGHTS,
+    RETRY_ATTEMPTS,
+    STUCK_SECONDS,
+    TASKS,
+    append,
+    chaos_exits,
+    chaos_flaky,
+    chaos_limited,
+    chaos_plain,
+    chaos_rogue,
+    now_text,
+    quiet_glide,
+    worker_main,
+)
 from servers import Server, free_port, redis_server_binary  # noqa: E402
 
-from docket_core import (  # noqa: E402
-    ConcurrencyLimit,
-    CurrentExecution,
-    Docket,
-    Execution,
-    ExecutionState,
-    Retry,
-    StoreError,
-    Worker,
-)
-from docket_core.lua import SCRIPTS  # noqa: E402
+from docket_core import Docket, ExecutionState, StoreError  # noqa: E402
 
-#: the limit every ``chaos_limited`` run shares with the other runs of its customer
-MAX_PER_CUSTOMER = 2
-CUSTOMERS = ("c0", "c1", "c2")
-RETRY_ATTEMPTS = 3
-RETRY_DELAY = timedelta(milliseconds=150)
-#: the workers' settings
-CONCURRENCY = 8
-REDELIVERY_TIMEOUT = timedelta(seconds=3)
-RECONNECTION_DELAY = timedelta(milliseconds=150)
-CHECK_INTERVAL = timedelta(milliseconds=25)
-#: the drain stops waiting when every key is settled but pending stays above 0 this long
-STUCK_SECONDS = 5.0
-#: "stall-kill" is a CLIENT KILL sent while a side connection's 50 ms script holds
-#: the server: the kill waits behind the commands that queued meanwhile, so it
-#: usually closes connections whose commands ran and whose replies are not sent yet
-#: "claim-kill" aims that at a concurrency-slot request: a MONITOR connection waits
-#: for a worker's claim of a limited task, the stall starts at once, so the slot
-#: request the worker sends on the claim's reply queues behind it and runs just
-#: before the kill closes its connection: the worker gets no reply and resends it
-FAULT_KINDS = (
-    "worker-kill",
-    "worker-term",
-    "server-kill",
-    "client-kill",
-    "stall-kill",
-    "claim-kill",
-)
-FAULT_WEIGHTS = (0.1, 0.1, 0.2, 0.1, 0.1, 0.4)
-STALL_MS = 50
-STALL_SCRIPT = """
-local t = redis.call('TIME')
-local start = t[1] * 1000000 + t[2]
-repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start >= tonumber(ARGV[1])
-return 1
-"""
-
-# -- the tasks (the same functions in the driver and in the workers) -----------------
-
-#: set in worker processes: the ledger's descriptor and the worker's name
-_ledger_fd: int | None = None
-_worker_name = "?"
-_runs = 0
+#: the producer's chances (out of 1) of adding a ``rogue`` and an ``exits`` task:
+#: a few of each in 20 s at the default rate
+ROGUE_CHANCE = 0.006
+EXITS_CHANCE = 0.005
 
 
-def append(fd: int, *fields: object) -> None:
-    """One ledger line, in one write to a file opened with O_APPEND."""
-    os.write(fd, (" ".join(str(f) for f in fields) + "\n").encode())
-
-
-def now_text() -> str:
-    return f"{time.time():.6f}"
-
-
-async def _body(execution: Execution, customer: str, ms: int, fail: bool) -> None:
-    global _runs
-    fd = _ledger_fd
-    assert fd is not None, "task bodies run in worker processes only"
-    _runs += 1
-    run = f"{os.getpid()}.{_runs}"
-    fields = (execution.key, execution.attempt, execution.generation, customer)
-    append(fd, "start", run, *fields, _worker_name, os.getpid(), now_text())
-    outcome = "ok"
-    try:
-        await anyio.sleep(ms / 1000)
-        if fail:
-            outcome = "raised"
-            raise RuntimeError(f"attempt {execution.attempt} fails on purpose")
-    except anyio.get_cancelled_exc_class():
-        outcome = "cancelled"
-        raise
-    except BaseException:
-        if outcome == "ok":
-            outcome = "error"
-        raise
-    finally:
-        append(fd, "end", run, *fields, _worker_name, os.getpid(), now_text(), outcome)
-
-
-async def chaos_plain(ms: int, execution: Execution = CurrentExecution()) -> None:
-    await _body(execution, "-", ms, fail=False)
-
-
-async def chaos_limited(
-    customer: str,
-    ms: int,
-    execution: Execution = CurrentExecution(),
-    limit: ConcurrencyLimit = ConcurrencyLimit("customer", max_concurrent=MAX_PER_CUSTOMER),
-) -> None:
-    await _body(execution, customer, ms, fail=False)
-
-
-async def chaos_flaky(
-    ms: int,
-    succeed_on: int,
-    execution: Execution = CurrentExecution(),
-    retry: Retry = Retry(attempts=RETRY_ATTEMPTS, delay=RETRY_DELAY),
-) -> None:
-    """Fails until attempt ``succeed_on`` (beyond the attempts: fails for good)."""
-    await _body(execution, "-", ms, fail=execution.attempt < succeed_on)
-
-
-TASKS: tuple[Callable[..., Any], ...] = (chaos_plain, chaos_limited, chaos_flaky)
-
-
-# -- the worker process ---------------------------------------------------------------
-
-
-def _bytes(value: str | bytes) -> bytes:
-    return value.encode() if isinstance(value, str) else value
-
-
-def trace_failed_batches(docket: Docket) -> None:
-    """Ledger a ``batch-error`` line (the scripts it called) for every batch of
-    script calls that fails in this worker: the batches a worker then resends."""
-    adapter: Any = docket.adapter
-    run_calls = adapter.run_calls
-
-    async def traced(calls: Any) -> Any:
-        try:
-            return await run_calls(calls)
-        except StoreError as error:
-            names = ",".join(call.name for call in calls) or "-"
-            keys = sorted(
-                {
-                    found.decode()
-                    for call in calls
-                    if call.name == "acquire"
-                    for arg in call.args
-                    for found in re.findall(rb"(?:limited|future)-[0-9-]+", _bytes(arg))
-                }
-            )
-            assert _ledger_fd is not None
-            append(
-                _ledger_fd,
-                "batch-error",
-                _worker_name,
-                os.getpid(),
-                now_text(),
-                names,
-                ",".join(keys) or "-",
-                type(error).__name__,
-            )
-            raise error
-
-    adapter.run_calls = traced
-
-
-async def worker_main(url: str, docket_name: str, worker_name: str, ledger: str) -> None:
-    global _ledger_fd, _worker_name
-    _ledger_fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    _worker_name = worker_name
-    stop_early = False
-
-    def early_term(signum: int, frame: object) -> None:
-        nonlocal stop_early
-        stop_early = True
-
-    # a SIGTERM before the worker listens for it still means "stop cleanly"
-    signal.signal(signal.SIGTERM, early_term)
-    async with AsyncExitStack() as stack:
-        deadline = time.monotonic() + 60
-        while True:  # the server may be restarting as this worker starts
-            try:
-                docket = await stack.enter_async_context(Docket(name=docket_name, url=url))
-                break
-            except StoreError as error:
-                if time.monotonic() > deadline or stop_early:
-                    raise
-                print(f"cannot open the docket yet: {error}", flush=True)
-                await anyio.sleep(0.2)
-        for task in TASKS:
-            docket.register(task)
-        trace_failed_batches(docket)
-        worker = Worker(
-            docket,
-            name=worker_name,
-            concurrency=CONCURRENCY,
-            redelivery_timeout=REDELIVERY_TIMEOUT,
-            reconnection_delay=RECONNECTION_DELAY,
-            minimum_check_interval=CHECK_INTERVAL,
-            scheduling_resolution=CHECK_INTERVAL,
-            schedule_automatic_tasks=False,
-        )
-        if stop_early:
-            return
-        async with worker:
-            await worker.run_forever()
-        print(f"{worker_name} stopped: {dict(worker.counters)}", flush=True)
-
-
-# -- the driver -----------------------------------------------------------------------
-
-
-@dataclass
-class Spec:
-    """One task the producer added."""
-
-    key: str
-    kind: str  # plain | limited | flaky | doomed | future
-    customer: str
-    added: bool = False
-    #: the add raised at least once (a retry checks the record first)
-    retried: bool = False
-
-    @property
-    def expected(self) -> ExecutionState:
-        return ExecutionState.FAILED if self.kind == "doomed" else ExecutionState.COMPLETED
-
-
-@dataclass
-class WorkerProcess:
-    name: str
-    process: subprocess.Popen[bytes]
-    started: float
-    log: Path
-    #: "kill" or "term" once the driver told it to stop
-    told: str | None = None
-    told_at: float | None = None
-    exited: int | None = None
-    exited_at: float | None = None
-
-
-@dataclass
-class Run:
-    run: str
-    key: str
-    attempt: int
-    generation: int
-    customer: str
-    worker: str
-    pid: int
-    start: float
-    end: float | None = None
-    outcome: str = "open"
-
-
-@dataclass
-class Report:
-    client: str
-    seed: int
-    seconds: float
-    directory: str
-    faults: Counter[str] = field(default_factory=Counter)
-    added: int = 0
-    kinds: Counter[str] = field(default_factory=Counter)
-    add_errors: int = 0
-    not_added: list[str] = field(default_factory=list)
-    runs: int = 0
-    duplicates: int = 0
-    redelivered_runs: int = 0
-    overlaps: list[str] = field(default_factory=list)
-    self_overlaps: list[str] = field(default_factory=list)
-    limit_violations: list[str] = field(default_factory=list)
-    max_per_customer: int = 0
-    wrong_states: list[str] = field(default_factory=list)
-    never_ran: list[str] = field(default_factory=list)
-    open_runs: list[str] = field(default_factory=list)
-    pending: int = -1
-    leftovers: list[str] = field(default_factory=list)
-    stale_killed_slots: int = 0
-    died: list[str] = field(default_factory=list)
-    unclean_stops: list[str] = field(default_factory=list)
-    drained: bool = False
-    #: the drain gave up early: every key settled, pending stayed above 0
-    stuck: bool = False
-    drain_seconds: float = 0.0
-    workers_started: int = 0
-    failures: list[str] = field(default_factory=list)
-
-    def check(self) -> None:
-        """Turn the measurements into the list of failed invariants."""
-        self.failures = []
-
-        def fail(what: str, items: list[str]) -> None:
-            if items:
-                shown = "\n    ".join(items[:12])
-                more = f"\n    ... {len(items) - 12} more" if len(items) > 12 else ""
-                self.failures.append(f"{what} ({len(items)}):\n    {shown}{more}")
-
-        fail("keys not in their expected final state", self.wrong_states)
-        fail("adds that kept failing until the producer gave up", self.not_added)
-        fail("keys whose record concluded without a finished run", self.never_ran)
-        if not self.drained:
-            self.failures.append(f"not drained ({self.drain_end}; pending {self.pending})")
-        if self.pending != 0:
-            self.failures.append(f"pending is {self.pending}, not 0, after the drain")
-        fail("leftover keys and fields", self.leftovers)
-        fail("one key running in two worker processes at once", self.overlaps)
-        fail("one key running twice at once in one worker process", self.self_overlaps)
-        fail(f"more than {MAX_PER_CUSTOMER} runs of one customer at once", self.limit_violations)
-        fail("runs that never ended in a worker that was not killed", self.open_runs)
-        fail("workers that died without being told to", self.died)
-        fail("workers told to stop that did not stop cleanly", self.unclean_stops)
-
-    @property
-    def drain_end(self) -> str:
-        if self.drained:
-            return "drained"
-        return "stuck: all keys settled, pending > 0" if self.stuck else "deadline hit"
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    def table(self) -> str:
-        faults = ", ".join(f"{kind} {self.faults[kind]}" for kind in FAULT_KINDS)
-        kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(self.kinds.items()))
-        rows = [
-            ("client / seed / seconds", f"{self.client} / {self.seed} / {self.seconds:g}"),
-            ("faults", f"{sum(self.faults.values())} ({faults})"),
-            ("workers started", str(self.workers_started)),
-            ("tasks added", f"{self.added} ({kinds}); add errors retried {self.add_errors}"),
-            ("runs (task bodies started)", str(self.runs)),
-            ("duplicates (key+attempt run >1)", f"{self.duplicates} keys"),
-            ("overlaps across workers", str(len(self.overlaps))),
-            ("overlaps in one worker", str(len(self.self_overlaps))),
-            (
-                f"limit violations (>{MAX_PER_CUSTOMER}/customer)",
-                f"{len(self.limit_violations)} (max seen {self.max_per_customer})",
-            ),
-            ("wrong final states", str(len(self.wrong_states))),
-            ("concluded without a run", str(len(self.never_ran))),
-            ("pending after drain", str(self.pending)),
-            ("leftovers", str(len(self.leftovers))),
-            ("stale slots of killed workers", str(self.stale_killed_slots)),
-            ("open runs (not killed)", str(len(self.open_runs))),
-            ("workers died / unclean stops", f"{len(self.died)} / {len(self.unclean_stops)}"),
-            (
-                "drain time",
-                f"{self.drain_seconds:.1f} s" + ("" if self.drained else f" ({self.drain_end})"),
-            ),
-            ("result", "PASS" if self.ok else f"FAIL ({len(self.failures)} invariants)"),
-        ]
-        width = max(len(name) for name, _ in rows)
-        lines = [f"{name:<{width}}  {value}" for name, value in rows]
-        rule = "-" * max(len(line) for line in lines)
-        return "\n".join([rule, *lines, rule])
-
-
-class Chaos:
+class Chaos(SideFaults, LedgerChecks, StoreChecks):
     """One chaos run; ``await Chaos(...).run()`` returns its report."""
 
     def __init__(
@@ -470,6 +158,9 @@ class Chaos:
         self.specs: dict[str, Spec] = {}
         self.report = Report(client, seed, seconds, str(self.directory))
         self.spawned = 0
+        #: the poison entries in the stream: their entry id, what they are, their key
+        self.poison_ids: dict[str, tuple[str, str | None]] = {}
+        self.poison_tries = 0
         #: the driver stops replacing workers once it stops them all
         self.replacing = True
         self.server_lock = anyio.Lock()
@@ -519,7 +210,8 @@ class Chaos:
         append(self.fd, how, worker.name, worker.process.pid, f"{worker.told_at:.6f}")
 
     async def monitor(self) -> None:
-        """Notice exits; a worker that dies unasked is recorded and replaced."""
+        """Notice exits: a worker that dies unasked is recorded and replaced; one
+        its task asked to stop (by raising ``SystemExit``) is checked and replaced."""
         while True:
             for worker in self.workers:
                 if worker.exited is not None:
@@ -529,7 +221,12 @@ class Chaos:
                     continue
                 worker.exited, worker.exited_at = code, time.time()
                 append(self.fd, "exit", worker.name, worker.process.pid, now_text(), code)
-                if worker.told is None:
+                asked_by = self.asked_exits().get(worker.process.pid)
+                if worker.told is None and asked_by is not None:
+                    self.task_exit(worker, code, asked_by)
+                    if self.replacing:
+                        self.spawn()
+                elif worker.told is None:
                     tail = worker.log.read_text(errors="replace")[-1500:]
                     self.report.died.append(
                         f"{worker.name} (pid {worker.process.pid}) exited {code} unasked:\n{tail}"
@@ -544,6 +241,23 @@ class Chaos:
                         f"after SIGTERM:\n{tail}"
                     )
             await anyio.sleep(0.05)
+
+    def task_exit(self, worker: WorkerProcess, code: int, key: str) -> None:
+        """A worker stopped after its task ``key`` raised ``SystemExit``: it must
+        exit 0, having logged that it stops after draining."""
+        self.report.task_exits += 1
+        self.log(f"{worker.name} stopped after {key} raised SystemExit ({code})")
+        text = worker.log.read_text(errors="replace")
+        said = any(
+            "raised SystemExit" in line and "stops after draining" in line
+            for line in text.splitlines()
+        )
+        if code != 0 or not said:
+            why = f"exited {code}" if code != 0 else "did not log that it stops after draining"
+            self.report.unclean_stops.append(
+                f"{worker.name} (pid {worker.process.pid}) {why} after {key} raised "
+                f"SystemExit:\n{text[-1500:]}"
+            )
 
     # -- faults -----------------------------------------------------------------------
 
@@ -578,6 +292,11 @@ class Chaos:
             killed = await anyio.to_thread.run_sync(self.stall_kill)
             append(self.fd, "stall-kill", "-", "-", now_text(), killed)
             self.log(f"client kill after a stall: {killed} connections")
+        elif kind == "poison":
+            entry = await anyio.to_thread.run_sync(self.poison)
+            if entry is None:
+                return False  # the server did not answer
+            self.log(f"poison entry {entry}")
         else:
             killed = await anyio.to_thread.run_sync(self.claim_kill)
             if killed < 0:
@@ -586,63 +305,6 @@ class Chaos:
             self.log(f"client kill after a limited claim: {killed} connections")
         self.report.faults[kind] += 1
         return True
-
-    def client_kill(self) -> int:
-        side: Any = redis.Redis(host="127.0.0.1", port=self.server.port, socket_timeout=5)
-        try:
-            killed: int = side.execute_command("CLIENT", "KILL", "TYPE", "normal")
-            return killed
-        finally:
-            side.close()
-
-    def stall_kill(self, after_claim: bool = False) -> int:
-        """Hold the server with a busy script on one side connection and send
-        CLIENT KILL TYPE normal on another meanwhile; with ``after_claim``, start
-        the stall as soon as a worker claims a limited task (-1: none did)."""
-        stall: Any = redis.Redis(host="127.0.0.1", port=self.server.port, socket_timeout=5)
-        side: Any = redis.Redis(host="127.0.0.1", port=self.server.port, socket_timeout=5)
-        try:
-            side.ping()
-            stall.ping()
-            if after_claim and not self.await_limited_claim():
-                return -1
-            done: list[int] = []
-
-            def hold() -> None:
-                try:
-                    stall.eval(STALL_SCRIPT, 0, STALL_MS * 1000)
-                except redis.RedisError:
-                    pass  # the kill closes this connection too
-
-            holder = threading.Thread(target=hold)
-            holder.start()
-            time.sleep(STALL_MS * 0.8 / 1000)
-            done.append(side.execute_command("CLIENT", "KILL", "TYPE", "normal"))
-            holder.join(5)
-            return done[0]
-        finally:
-            side.close()
-            stall.close()
-
-    def claim_kill(self) -> int:
-        return self.stall_kill(after_claim=True)
-
-    def await_limited_claim(self, within: float = 2.0) -> bool:
-        """Watch the server (MONITOR) until a worker claims a limited task."""
-        claim = hashlib.sha1(SCRIPTS["claim"].encode()).hexdigest()
-        watcher: Any = redis.Redis(host="127.0.0.1", port=self.server.port, socket_timeout=within)
-        deadline = time.time() + within
-        try:
-            with watcher.monitor() as monitor:
-                while time.time() < deadline:
-                    command = str(monitor.next_command().get("command", ""))
-                    if claim in command.lower() and "limited-" in command:
-                        return True
-        except redis.RedisError:
-            pass
-        finally:
-            watcher.close()
-        return False
 
     async def inject(self, until: float) -> None:
         while time.time() < until:
@@ -675,6 +337,12 @@ class Chaos:
                 spec = Spec(f"doomed-{number}", "doomed", "-")
                 doomed = (rng.randint(5, 50), RETRY_ATTEMPTS + 1)
                 batch.append((spec, chaos_flaky, doomed, None))
+            elif choice < 0.80 + ROGUE_CHANCE:
+                spec = Spec(f"rogue-{number}", "rogue", "-")
+                batch.append((spec, chaos_rogue, (rng.randint(5, 50),), None))
+            elif choice < 0.80 + ROGUE_CHANCE + EXITS_CHANCE:
+                spec = Spec(f"exits-{number}", "exits", "-")
+                batch.append((spec, chaos_exits, (rng.randint(5, 50),), None))
             else:
                 when = datetime.now(UTC) + timedelta(seconds=rng.uniform(0.1, 3.0))
                 if rng.random() < 0.5:
@@ -740,6 +408,7 @@ class Chaos:
                     await self.stop_workers()
                     report.pending = await docket.adapter.pending()
                     await self.check_records(docket)
+                    await self.check_dead_letters(docket)
                 group.cancel_scope.cancel()
             self.check_server()
             self.check_ledger()
@@ -801,164 +470,6 @@ class Chaos:
                 self.report.unclean_stops.append(
                     f"{worker.name} (pid {worker.process.pid}) still running 30 s after SIGTERM"
                 )
-
-    async def check_records(self, docket: Docket) -> None:
-        for key, spec in sorted(self.specs.items()):
-            if not spec.added:
-                continue
-            execution = await docket.get_execution(key)
-            state = execution.state.value if execution is not None else "missing"
-            if execution is None or execution.state is not spec.expected:
-                error = f" ({execution.error})" if execution is not None and execution.error else ""
-                self.report.wrong_states.append(
-                    f"{key} ({spec.kind}): {state}, expected {spec.expected.value}{error}"
-                )
-
-    def check_server(self) -> None:
-        """Look at the docket's keys directly."""
-        report = self.report
-        prefix = "{" + self.name + "}"
-        side: Any = redis.Redis(host="127.0.0.1", port=self.server.port, decode_responses=True)
-        killed = {w.name for w in self.workers if w.told == "kill"}
-        try:
-            parked = sorted(side.smembers(f"{prefix}:parked"))
-            for key in parked:
-                report.leftovers.append(f"{prefix}:parked holds {key}")
-            for run_key in side.scan_iter(match=f"{prefix}:run:*", count=1000):
-                state, parked_on, pin = side.hmget(run_key, "state", "parked", "pin")
-                if parked_on is not None or pin is not None:
-                    report.leftovers.append(
-                        f"{run_key}: state={state} parked={parked_on} pin={pin}"
-                    )
-            for wait_key in side.scan_iter(match=f"{prefix}:wait:*", count=1000):
-                entries = side.lrange(wait_key, 0, -1)
-                report.leftovers.append(f"{wait_key}: {len(entries)} waiters {entries[:4]}")
-            for slots_key in side.scan_iter(match=f"{prefix}:slots:*", count=1000):
-                for holder, score in side.zrange(slots_key, 0, -1, withscores=True):
-                    worker = holder.removeprefix(f"{self.name}/").split("/", 1)[0]
-                    if worker in killed:
-                        report.stale_killed_slots += 1
-                    else:
-                        report.leftovers.append(
-                            f"{slots_key}: held by {holder} (worker {worker} not killed, "
-                            f"renewed {score:.3f})"
-                        )
-        finally:
-            side.close()
-
-    def check_ledger(self) -> None:
-        report = self.report
-        runs: dict[str, Run] = {}
-        killed_at: dict[int, float] = {}
-        exited_at: dict[int, float] = {}
-        for line in self.ledger.read_text().splitlines():
-            parts = line.split()
-            if not parts:
-                continue
-            if parts[0] == "start":
-                run_id, key, attempt, gen, customer, worker, pid, t = parts[1:9]
-                runs[run_id] = Run(
-                    run_id, key, int(attempt), int(gen), customer, worker, int(pid), float(t)
-                )
-            elif parts[0] == "end" and parts[1] in runs:
-                runs[parts[1]].end = float(parts[8])
-                runs[parts[1]].outcome = parts[9]
-            elif parts[0] == "kill":
-                killed_at[int(parts[2])] = float(parts[3])
-            elif parts[0] == "exit":
-                exited_at[int(parts[2])] = float(parts[3])
-        report.runs = len(runs)
-        faults = self.fault_times()
-        for run in runs.values():
-            if run.end is not None:
-                continue
-            if run.pid in killed_at:
-                run.end, run.outcome = max(killed_at[run.pid], run.start), "killed"
-            else:
-                run.end = exited_at.get(run.pid, time.time())
-                report.open_runs.append(self.describe(run, faults))
-
-        by_key: dict[str, list[Run]] = defaultdict(list)
-        for run in runs.values():
-            by_key[run.key].append(run)
-        for key, spec in self.specs.items():
-            if not spec.added:
-                continue
-            finished = [r for r in by_key.get(key, []) if r.outcome in ("ok", "raised")]
-            wanted = "raised" if spec.kind == "doomed" else "ok"
-            if not any(r.outcome == wanted for r in finished):
-                report.never_ran.append(
-                    f"{key} ({spec.kind}): runs {[self.describe(r, faults) for r in by_key[key]]}"
-                )
-        for key, key_runs in by_key.items():
-            attempts = Counter((r.attempt, r.generation) for r in key_runs)
-            if any(count > 1 for count in attempts.values()):
-                report.duplicates += 1
-            key_runs.sort(key=lambda r: r.start)
-            for i, first in enumerate(key_runs):
-                for second in key_runs[i + 1 :]:
-                    assert first.end is not None and second.end is not None
-                    if second.start >= first.end:
-                        continue
-                    text = (
-                        f"{key}: {self.describe(first, faults)} | {self.describe(second, faults)}"
-                    )
-                    if first.pid != second.pid:
-                        report.overlaps.append(text)
-                    else:
-                        report.self_overlaps.append(text)
-        self.check_limits(runs.values(), faults)
-
-    def check_limits(self, runs: Iterable[Run], faults: list[tuple[float, str]]) -> None:
-        report = self.report
-        by_customer: dict[str, list[Run]] = defaultdict(list)
-        for run in runs:
-            if run.customer != "-":
-                by_customer[run.customer].append(run)
-        for customer, customer_runs in sorted(by_customer.items()):
-            # ends before starts at the same instant: touching runs do not overlap
-            events = sorted(
-                [(r.start, 1, r) for r in customer_runs]
-                + [(r.end or r.start, -1, r) for r in customer_runs],
-                key=lambda e: (e[0], e[1]),
-            )
-            active: dict[str, Run] = {}
-            for _, step, run in events:
-                if step > 0:
-                    active[run.run] = run
-                    report.max_per_customer = max(report.max_per_customer, len(active))
-                    if len(active) > MAX_PER_CUSTOMER:
-                        together = " | ".join(self.describe(r, faults) for r in active.values())
-                        report.limit_violations.append(
-                            f"customer {customer}: {len(active)} at once: {together}"
-                        )
-                else:
-                    active.pop(run.run, None)
-
-    def fault_times(self) -> list[tuple[float, str]]:
-        faults = []
-        for line in self.ledger.read_text().splitlines():
-            parts = line.split()
-            if parts and parts[0] in ("kill", "term", "server-kill", "server-up", "client-kill"):
-                faults.append((float(parts[3]), f"{parts[0]} {parts[1]}".rstrip(" -")))
-        return sorted(faults)
-
-    def describe(self, run: Run, faults: list[tuple[float, str]]) -> str:
-        """A run, with the last fault before it started (what likely caused it)."""
-        before = [f for f in faults if f[0] <= run.start]
-        cause = f", {run.start - before[-1][0]:.2f}s after {before[-1][1]}" if before else ""
-        end = f"{run.end:.3f}" if run.end is not None else "?"
-        return (
-            f"[{run.worker} pid {run.pid} attempt {run.attempt} gen {run.generation} "
-            f"{run.start:.3f}-{end} {run.outcome}{cause}]"
-        )
-
-
-def quiet_glide() -> None:
-    """GLIDE logs every lost connection as a warning; the faults make many."""
-    from glide import Logger, LogLevel
-
-    Logger.set_logger_config(LogLevel.ERROR)
 
 
 def run_chaos(

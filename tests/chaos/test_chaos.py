@@ -1,13 +1,15 @@
 """A short chaos run per client (redis-py and GLIDE, on asyncio) for CI.
 
 Each run starts its own redis-server (AOF, ``--appendfsync always``) on a free
-loopback port, four worker processes and a producer, injects seeded faults for
-20 s (worker SIGKILL and SIGTERM, server SIGKILL and restart, ``CLIENT KILL``,
-plain or timed to land on commands that ran but were not answered yet),
-drains, and checks the invariants listed in ``chaos.py``: nothing lost, nothing
-left over, no key running twice at once, no concurrency limit exceeded, no worker
-dying unasked.  About 25-35 s per client.  ``python tests/chaos/chaos.py`` runs the
-same for longer.
+loopback port, four worker processes and a producer (with a few tasks that
+raise ``CancelledError`` or ``SystemExit`` themselves), injects seeded faults
+for 20 s (worker SIGKILL and SIGTERM, server SIGKILL and restart, ``CLIENT
+KILL``, plain or timed to land on commands that ran but were not answered yet,
+malformed entries written straight into the queue's stream), drains, and checks
+the invariants listed in ``chaos.py``: nothing lost, nothing left over, every
+malformed entry set aside in the dead letters exactly once, no key running twice
+at once, no concurrency limit exceeded, no worker dying unasked.  About 25-35 s
+per client.  ``python tests/chaos/chaos.py`` runs the same for longer.
 """
 
 from __future__ import annotations

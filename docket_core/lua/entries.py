@@ -1,0 +1,375 @@
+"""Every field the server stores reads through here, and nothing here raises
+into a worker.
+
+Keys of a docket can be written by anything with access to the server: an
+older or newer docket, an operator's ``XADD``, a bug.  A stream entry parses
+to a ``Delivery`` or to a ``MalformedEntry`` that says why it is not a
+message (the core sets it aside); a worker entry whose task list is not JSON
+reads as a worker with no tasks.  A record or progress hash that is not ours
+raises ``StoreError`` naming the key: those are read by the client API, where
+the caller sees the error, never by a worker's loops.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ..adapter import ReadResult
+from ..sansio.errors import StoreError
+from ..sansio.values import (
+    DeadLetter,
+    Delivery,
+    ExecutionRecord,
+    ExecutionState,
+    MalformedEntry,
+    ProgressRecord,
+    RunningRecord,
+    StoreSnapshot,
+    TaskMessage,
+    WorkerRecord,
+)
+
+#: the fields of a message entry: key, function, payload, when, attempt, generation
+MESSAGE_FIELDS = ("k", "f", "p", "w", "a", "g")
+
+
+def text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
+
+
+def raw(value: Any) -> bytes:
+    """A field value as bytes, whatever the client returned."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    return str(value).encode()
+
+
+def fields_of(flat: Sequence[Any]) -> dict[str, Any]:
+    """``[f1, v1, f2, v2, ...]`` as a dict with text field names."""
+    return {text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def _number(fields: dict[str, Any], name: str, kind: type[int] | type[float]) -> int | float:
+    value = kind(text(fields[name]))
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} is not a finite number")
+    return value
+
+
+def parse_entry(
+    entry_id: Any, flat: Any, *, redelivered: bool = False
+) -> Delivery | MalformedEntry:
+    """A queue stream entry as a delivery, or as a malformed entry with the reason."""
+    delivery_id = text(entry_id)
+    try:
+        pairs = [(text(flat[i]), raw(flat[i + 1])) for i in range(0, len(flat) - 1, 2)]
+        if len(flat) % 2:
+            return MalformedEntry(
+                delivery_id=delivery_id,
+                reason="the entry's fields do not pair",
+                fields=tuple(pairs),
+            )
+    except (TypeError, ValueError) as error:
+        return MalformedEntry(delivery_id=delivery_id, reason=f"unreadable fields ({error})")
+    fields = dict(pairs)
+    key = _text_or_none(fields.get("k"))
+    generation: int | None = None
+    try:
+        generation = int(text(fields["g"])) if "g" in fields else None
+    except ValueError:
+        pass
+
+    def malformed(reason: str) -> MalformedEntry:
+        return MalformedEntry(
+            delivery_id=delivery_id,
+            reason=reason,
+            key=key,
+            generation=generation,
+            fields=tuple(pairs),
+        )
+
+    missing = [name for name in MESSAGE_FIELDS if name not in fields]
+    if missing:
+        return malformed(f"the message lacks the field(s) {', '.join(missing)}")
+    try:
+        message = TaskMessage(
+            key=text(fields["k"]),
+            function=text(fields["f"]),
+            payload=fields["p"],
+            when=float(_number(fields, "w", float)),
+            attempt=int(_number(fields, "a", int)),
+            generation=int(_number(fields, "g", int)),
+        )
+    except ValueError as error:
+        return malformed(f"the message has a field that does not parse ({error})")
+    if message.attempt < 1 or message.generation < 0:
+        return malformed(
+            f"attempt {message.attempt} or generation {message.generation} is out of range"
+        )
+    return Delivery(delivery_id=delivery_id, message=message, redelivered=redelivered)
+
+
+def _text_or_none(value: bytes | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def split_entries(
+    entries: Sequence[tuple[Any, Any, bool]],
+) -> tuple[tuple[Delivery, ...], tuple[MalformedEntry, ...]]:
+    """Parse ``(id, fields, redelivered)`` entries into deliveries and malformed ones."""
+    deliveries: list[Delivery] = []
+    malformed: list[MalformedEntry] = []
+    for entry_id, flat, redelivered in entries:
+        parsed = parse_entry(entry_id, flat, redelivered=redelivered)
+        if isinstance(parsed, Delivery):
+            deliveries.append(parsed)
+        else:
+            malformed.append(parsed)
+    return tuple(deliveries), tuple(malformed)
+
+
+def is_wake(flat: Any) -> bool:
+    """Whether a stream entry is a wake-up entry (no message: blocked readers re-arm)."""
+    return not flat or text(flat[0]) == "wake"
+
+
+def parse_read(reply: Any) -> ReadResult:
+    """The reply of the ``read`` script: ``{entries, next_due, cursor}``."""
+    try:
+        entries, next_due = reply[0], reply[1]
+        due = text(next_due) if next_due is not None else ""
+        soonest = float(due) if due else None
+        triples = [(entry[0], entry[1], int(entry[2]) == 1) for entry in entries]
+    except (TypeError, ValueError, IndexError) as error:
+        raise StoreError(f"unexpected reply to a read: {reply!r:.200}") from error
+    deliveries, malformed = split_entries(triples)
+    return ReadResult(deliveries=deliveries, next_due=soonest, malformed=malformed)
+
+
+def parse_stream_entries(entries: Sequence[tuple[Any, Any]]) -> ReadResult:
+    """Entries of a plain XREADGROUP reply, wake entries left out."""
+    deliveries, malformed = split_entries(
+        [(entry_id, flat, False) for entry_id, flat in entries if not is_wake(flat)]
+    )
+    return ReadResult(deliveries=deliveries, next_due=None, malformed=malformed)
+
+
+def wake_ids(entries: Sequence[tuple[Any, Any]]) -> list[str]:
+    return [text(entry_id) for entry_id, flat in entries if is_wake(flat)]
+
+
+def parse_record(key: str, flat: Sequence[Any]) -> ExecutionRecord | None:
+    """A key's record hash, ``None`` when it has none."""
+    if not flat:
+        return None
+    f = fields_of(flat)
+    if "state" not in f or "f" not in f:
+        return None
+
+    def optional_float(name: str) -> float | None:
+        return float(text(f[name])) if name in f else None
+
+    result = f.get("result")
+    try:
+        return ExecutionRecord(
+            key=key,
+            function=text(f["f"]),
+            payload=raw(f.get("p", b"")),
+            when=float(text(f.get("w", "0"))),
+            attempt=int(text(f.get("a", "1"))),
+            generation=int(text(f.get("g", "0"))),
+            state=ExecutionState(text(f["state"])),
+            worker=text(f["worker"]) if "worker" in f else None,
+            started_at=optional_float("started"),
+            completed_at=optional_float("completed"),
+            error=text(f["error"]) if "error" in f else None,
+            result=raw(result) if result is not None else None,
+        )
+    except ValueError as error:
+        raise StoreError(f"the record of {key!r} is not docket's ({error})") from error
+
+
+def parse_progress(flat: Sequence[Any]) -> ProgressRecord | None:
+    if not flat:
+        return None
+    f = fields_of(flat)
+    try:
+        return ProgressRecord(
+            current=int(text(f.get("current", "0"))),
+            total=int(text(f.get("total", "100"))),
+            message=text(f["message"]) if "message" in f else None,
+            updated_at=float(text(f["updated"])) if "updated" in f else None,
+        )
+    except ValueError as error:
+        raise StoreError(f"a progress record is not docket's ({error})") from error
+
+
+def parse_progress_reply(reply: Any) -> ProgressRecord:
+    try:
+        current, total, message, updated = reply
+        return ProgressRecord(
+            current=int(text(current)),
+            total=int(text(total)),
+            message=text(message) if message is not None else None,
+            updated_at=float(text(updated)) if updated is not None else None,
+        )
+    except (TypeError, ValueError) as error:
+        raise StoreError(f"unexpected reply to a progress report: {reply!r:.200}") from error
+
+
+def parse_worker(name: Any, score: Any, tasks: Any) -> WorkerRecord | None:
+    """A worker's heartbeat entry; ``None`` when its name or time does not
+    parse.  A task list that is not a JSON list of names reads as empty."""
+    try:
+        worker, last_seen = text(name), float(text(score))
+    except ValueError:
+        return None
+    try:
+        names = json.loads(text(tasks))
+        task_names = (
+            frozenset(n for n in names if isinstance(n, str))
+            if isinstance(names, list)
+            else frozenset()
+        )
+    except ValueError:
+        task_names = frozenset()
+    return WorkerRecord(name=worker, last_seen=last_seen, tasks=task_names)
+
+
+def parse_snapshot(reply: Any, now: float) -> StoreSnapshot:
+    """The reply of ``inspect snapshot``: ``{queued, running, scheduled,
+    parked, workers, counts}`` (see ``inspect.lua``)."""
+    try:
+        queued, held, scheduled, parked, infos, counts = reply
+        totals = [int(n) for n in counts]
+    except (TypeError, ValueError) as error:
+        raise StoreError(f"unexpected reply to a snapshot: {reply!r:.200}") from error
+    future: list[TaskMessage] = []
+    running: list[RunningRecord] = []
+    malformed: list[MalformedEntry] = []
+
+    def add(parsed: Delivery | MalformedEntry, into: list[TaskMessage]) -> None:
+        if isinstance(parsed, Delivery):
+            into.append(parsed.message)
+        else:
+            malformed.append(parsed)
+
+    for entry_id, flat in queued:
+        if not is_wake(flat):
+            add(parse_entry(entry_id, flat), future)
+    for entry_id, flat, consumer, idle_ms in held:
+        if is_wake(flat):
+            continue
+        parsed = parse_entry(entry_id, flat)
+        if isinstance(parsed, MalformedEntry):
+            malformed.append(parsed)
+        else:
+            started = now - int(idle_ms) / 1000
+            record = RunningRecord(message=parsed.message, worker=text(consumer), started=started)
+            running.append(record)
+    for kind, flats in (("scheduled", scheduled), ("parked", parked)):
+        for flat in flats:
+            if flat:
+                add(parse_entry(kind, flat), future)
+    future.sort(key=lambda m: m.when)
+    workers = [parse_worker(*info) for info in infos]
+    queued_total, running_total, scheduled_total, parked_total, dead_total = totals
+    return StoreSnapshot(
+        taken=now,
+        future=tuple(future),
+        running=tuple(running),
+        workers=tuple(w for w in workers if w is not None),
+        future_total=queued_total + scheduled_total + parked_total,
+        running_total=running_total,
+        malformed=tuple(malformed),
+        dead_letters=dead_total,
+    )
+
+
+def parse_event(data: bytes) -> dict[str, Any] | None:
+    """A state or progress event from a key's channel; ``None`` for anything
+    else published there (anyone may publish)."""
+    try:
+        event = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        return None
+    return event
+
+
+def parse_cancellation(data: bytes) -> tuple[str, int] | None:
+    """A ``(key, generation)`` from the cancellation channel, or ``None``."""
+    try:
+        signal = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(signal, dict):
+        return None
+    key, generation = signal.get("key"), signal.get("generation")
+    if not isinstance(key, str) or not isinstance(generation, int) or isinstance(generation, bool):
+        return None
+    return key, generation
+
+
+def parse_dead_letters(reply: Any) -> tuple[int, list[DeadLetter]]:
+    """The reply of ``dead list``: ``{total, entries}``; each entry's fields
+    are ``id``, ``reason``, ``at``, ``key`` (optional) and ``raw`` (the
+    original fields packed)."""
+    total, entries = int(reply[0]), reply[1]
+    letters: list[DeadLetter] = []
+    for entry_id, flat in entries:
+        f = {text(flat[i]): raw(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+        try:
+            dead_at = float(f.get("at", b"0"))
+        except ValueError:
+            dead_at = 0.0
+        packed = unpack_fields(f.get("raw", b""))
+        letters.append(
+            DeadLetter(
+                entry_id=text(entry_id),
+                original_id=_text_or_none(f.get("id")) or "",
+                reason=_text_or_none(f.get("reason")) or "",
+                dead_at=dead_at,
+                key=_text_or_none(f.get("key")),
+                fields=tuple(
+                    (packed[i].decode(errors="replace"), packed[i + 1])
+                    for i in range(0, len(packed) - 1, 2)
+                ),
+            )
+        )
+    return total, letters
+
+
+def pack(values: Sequence[bytes]) -> bytes:
+    """Values as ``<length>:<bytes>`` each (``unpack_fields`` in the prelude)."""
+    return b"".join(b"%d:%b" % (len(value), value) for value in values)
+
+
+def unpack_fields(blob: bytes) -> list[bytes]:
+    """The inverse of ``pack``; stops at the first field that does not parse."""
+    out: list[bytes] = []
+    position = 0
+    while position < len(blob):
+        colon = blob.find(b":", position)
+        if colon < 0:
+            break
+        try:
+            length = int(blob[position:colon])
+        except ValueError:
+            break
+        out.append(blob[colon + 1 : colon + 1 + length])
+        position = colon + 1 + length
+    return out

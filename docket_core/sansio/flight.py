@@ -1,0 +1,93 @@
+"""A worker's settings (``WorkerConfig``) and what it knows of one delivery it
+holds (``InFlight``): the nouns the worker machine works with."""
+
+from __future__ import annotations
+
+import attrs
+
+from .errors import UsageError
+from .lifecycle import Phase
+from .outbox import BACKOFF_CAP
+from .values import TaskMessage, TaskPolicy
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class WorkerConfig:
+    """A worker's settings, in seconds."""
+
+    name: str
+    #: the docket's name: slot holders of dockets sharing a scope stay distinct
+    docket: str = ""
+    concurrency: int = 10
+    redelivery_timeout: float = 300.0
+    heartbeat_interval: float = 2.0
+    execution_ttl: float = 900.0
+    tasks: tuple[str, ...] = ()
+    #: how often automatic perpetual tasks are added again (None: never)
+    reseed_interval: float | None = None
+    #: this machine's life, unique and never reused (the origin of its
+    #: requests, so a restarted worker of the same name is never answered
+    #: with its predecessor's outcomes); the name when empty
+    origin: str = ""
+    #: the first wait before a failed batch is sent again (the outbox backs off)
+    retry_delay: float = 5.0
+    #: how many refusals in a row of one batch end the worker
+    refusals_allowed: int = 3
+    #: the longest a read waits for work (``minimum_check_interval``)
+    read_block: float = 0.25
+    #: stop once nothing is scheduled, queued, parked or running
+    until_finished: bool = False
+    #: the machine asks for deliveries itself (``Read``); off, they are
+    #: handed in with ``Delivered`` (tests of single steps)
+    reads: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise UsageError("a worker's concurrency must be at least 1")
+        if self.redelivery_timeout <= 0:
+            raise UsageError("redelivery_timeout must be positive")
+        if self.heartbeat_interval <= 0:
+            raise UsageError("heartbeat_interval must be positive")
+
+    @property
+    def renew_interval(self) -> float:
+        return self.redelivery_timeout / 4
+
+    @property
+    def fence_after(self) -> float:
+        """How old this worker's last confirmed lease renewal may get before it
+        stops its runs itself: another worker may take a delivery or a slot
+        over one redelivery timeout after its renewal (by its own clock), so
+        stop a renewal interval before that."""
+        return self.redelivery_timeout - self.renew_interval
+
+    @property
+    def resend_window(self) -> float:
+        """How long a failed batch is sent again before it is given up: past
+        one redelivery timeout its leases have lapsed anyway."""
+        return self.redelivery_timeout
+
+    @property
+    def remember(self) -> float:
+        """How long the store keeps outcomes for resends: longer than any
+        resend may come (the last one at most a backoff after the window)."""
+        return 2 * self.resend_window + BACKOFF_CAP * self.retry_delay
+
+
+@attrs.define(slots=True, kw_only=True)
+class InFlight:
+    """One delivery held by this worker."""
+
+    delivery_id: str
+    message: TaskMessage
+    policy: TaskPolicy
+    phase: Phase = Phase.ARRIVED
+    problem: str | None = None
+    started_at: float = 0.0
+    #: when its lease (and slot) were last known renewed, by this worker's clock
+    renewed_at: float = 0.0
+    deadline: float | None = None
+    #: the concurrency slot this delivery holds (limit key), once acquired
+    slot: str | None = None
+    #: why the runtime was asked to cancel the task function
+    cancel_reason: str | None = None

@@ -1,0 +1,171 @@
+"""Many concurrent operations on one Docket share a bounded set of
+connections: adds wait for a pooled connection instead of failing, and every
+``get_result`` waiting in a process listens through one shared subscriber."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import pytest
+import redis
+from servers import Server
+
+from docket_core import Docket, Execution, Worker
+
+pytestmark = pytest.mark.anyio
+
+ADDS = 10_000
+WAITS = 1_000
+
+
+async def echo(n: int) -> int:
+    return n
+
+
+async def all_listening(server: Server | None, docket: Docket) -> int:
+    """Wait until every ``get_result`` is subscribed; return how many more
+    connections the server has than before they started."""
+    if server is None:
+        await anyio.sleep(0.2)
+        return 0
+    client = redis.Redis(host="127.0.0.1", port=server.port)  # sync: a side connection
+    try:
+        pattern = "{" + docket.name + "}:events:*"
+        while len(client.pubsub_channels(pattern)) < WAITS:
+            await anyio.sleep(0.02)
+        clients: int = client.info("clients")["connected_clients"]
+        return clients
+    finally:
+        client.close()
+
+
+async def pause(server: Server | None, seconds: float) -> None:
+    """Make the server hold every client's commands for a while."""
+    if server is not None:
+        client = redis.Redis(host="127.0.0.1", port=server.port)
+        try:
+            client.execute_command("CLIENT", "PAUSE", str(int(seconds * 1000)), "ALL")
+        finally:
+            client.close()
+
+
+async def connected(server: Server | None) -> int:
+    if server is None:
+        return 0
+    client = redis.Redis(host="127.0.0.1", port=server.port)
+    try:
+        clients: int = client.info("clients")["connected_clients"]
+        return clients
+    finally:
+        client.close()
+
+
+async def test_ten_thousand_concurrent_adds_and_a_thousand_result_waits(
+    docket: Docket, server_for: Callable[[], Server | None]
+) -> None:
+    server = server_for()
+    docket.register(echo)
+    later = datetime.now(UTC) + timedelta(days=1)
+    added: list[Execution] = []
+
+    async def add_later(n: int) -> None:
+        added.append(await docket.add(echo, when=later, key=f"later-{n}")(n))
+
+    await pause(server, 0.3)  # the adds pile up: they must wait, not fail
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as group:
+            for n in range(ADDS):
+                group.start_soon(add_later, n)
+    assert len(added) == ADDS
+
+    executions = [await docket.add(echo, key=f"now-{n}")(n) for n in range(WAITS)]
+    results: dict[int, int] = {}
+
+    async def wait(n: int) -> None:
+        results[n] = await executions[n].get_result(timeout=timedelta(seconds=60))
+
+    worker = Worker(
+        docket,
+        name=f"worker-{uuid.uuid4().hex[:8]}",
+        concurrency=100,
+        minimum_check_interval=timedelta(milliseconds=5),
+        schedule_automatic_tasks=False,
+    )
+    before = await connected(server)
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as group:
+            for n in range(WAITS):
+                group.start_soon(wait, n)
+            # every wait listens through the one shared subscriber connection
+            assert await all_listening(server, docket) - before <= 60
+            async with anyio.create_task_group() as running:
+                running.start_soon(worker.run_forever)
+                while len(results) < WAITS:
+                    await anyio.sleep(0.01)
+                running.cancel_scope.cancel()
+    assert results == {n: n for n in range(WAITS)}
+    assert worker.counters["succeeded"] == WAITS
+
+
+@pytest.mark.backends("redis-asyncio")
+async def test_a_redis_url_gets_a_bounded_waiting_pool(docket_url: str) -> None:
+    from redis.asyncio import BlockingConnectionPool
+
+    from docket_redis import RedisStore
+    from docket_redis.store import MAX_CONNECTIONS, POOL_TIMEOUT
+
+    default = RedisStore.from_url(docket_url, name="pools")
+    tuned = RedisStore.from_url(f"{docket_url}?max_connections=7&timeout=2.5", name="pools")
+    try:
+        pool = default.client.connection_pool
+        assert isinstance(pool, BlockingConnectionPool)
+        assert (pool.max_connections, pool.timeout) == (MAX_CONNECTIONS, POOL_TIMEOUT)
+        pool = tuned.client.connection_pool
+        assert isinstance(pool, BlockingConnectionPool)
+        assert (pool.max_connections, pool.timeout) == (7, 2.5)
+    finally:
+        await default.close()
+        await tuned.close()
+
+
+@pytest.mark.backends("redis-asyncio", "glide_valkey-asyncio", "glide_valkey-trio")
+async def test_listeners_of_a_channel_share_one_subscription(
+    docket: Docket, server_for: Callable[[], Server | None]
+) -> None:
+    from docket_core.lua.base import ScriptedStore
+
+    server = server_for()
+    assert server is not None and isinstance(docket.adapter, ScriptedStore)
+    adapter = docket.adapter
+    admin = redis.Redis(host="127.0.0.1", port=server.port)
+    channel, other = "{" + docket.name + "}:shared", "{" + docket.name + "}:other"
+
+    def subscribers(name: str) -> int:
+        count: int = admin.pubsub_numsub(name)[0][1]
+        return count
+
+    async def unsubscribed(name: str) -> None:
+        # (GLIDE sends an unsubscription in the background)
+        while subscribers(name):
+            await anyio.sleep(0.01)
+
+    try:
+        with anyio.fail_after(10):
+            async with adapter.listen(channel) as first:
+                async with adapter.listen(channel) as second, adapter.listen(other) as third:
+                    assert (subscribers(channel), subscribers(other)) == (1, 1)
+                    admin.publish(channel, b"both")
+                    admin.publish(other, b"third")
+                    assert await anext(first) == b"both"
+                    assert await anext(second) == b"both"
+                    assert await anext(third) == b"third"
+                admin.publish(channel, b"first")  # the other listeners left
+                assert await anext(first) == b"first"
+                await unsubscribed(other)
+                assert subscribers(channel) == 1
+            await unsubscribed(channel)
+    finally:
+        admin.close()
