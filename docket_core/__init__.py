@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .adapter import ProgressEvent, StateEvent, StoreEvent
 from .agenda import Agenda
 from .dependencies import (
     ConcurrencyLimit,
@@ -27,8 +28,14 @@ from .dependencies import (
     Timeout,
 )
 from .docket import Docket, DocketSnapshot, RunningExecution, WorkerInfo
-from .execution import Execution, ExecutionCancelled
-from .sansio.errors import DocketError, StoreError, StoreUnavailable, UsageError
+from .execution import Execution
+from .sansio.errors import (
+    DocketError,
+    ExecutionCancelled,
+    StoreError,
+    StoreUnavailable,
+    UsageError,
+)
 from .sansio.strikes import Operator
 from .sansio.values import Disposition, ExecutionState
 from .worker import Worker
@@ -58,9 +65,12 @@ __all__ = [
     "Operator",
     "Perpetual",
     "Progress",
+    "ProgressEvent",
     "Retry",
     "RunningExecution",
+    "StateEvent",
     "StoreError",
+    "StoreEvent",
     "StoreUnavailable",
     "TaskArgument",
     "TaskKey",

@@ -21,6 +21,7 @@ from typing import Annotated, Any, ClassVar
 
 import attrs
 
+from .sansio.errors import ForcedRetry as ForcedRetry
 from .sansio.errors import UsageError
 from .sansio.inputs import FollowUp
 from .sansio.values import NO_POLICY, TaskPolicy
@@ -439,19 +440,6 @@ class Run:
         if hasattr(value, "__enter__") and hasattr(value, "__exit__"):
             return self.stack.enter_context(value)
         return value
-
-
-class ForcedRetry(Exception):
-    """Raised by ``retry.after``/``retry.at``: run the task again (attempts permitting)."""
-
-    def __init__(self, delay: float = 0.0, when: float | None = None) -> None:
-        super().__init__(
-            f"retry requested at {when}" if when is not None else f"retry requested in {delay}s"
-        )
-        #: seconds from the end of the attempt
-        self.delay = delay
-        #: or an absolute time (epoch seconds)
-        self.when = when
 
 
 def forced_retry_at(error: BaseException, now: float) -> float | None:

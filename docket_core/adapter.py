@@ -27,15 +27,72 @@ from .sansio.values import (
     DeadLetter,
     Delivery,
     ExecutionRecord,
+    ExecutionState,
     MalformedEntry,
     ProgressRecord,
     StoreSnapshot,
     WorkerRecord,
 )
 
-#: An event as published on a key's channel: ``{"type": "state", ...}`` or
-#: ``{"type": "progress", ...}`` (JSON-compatible values only).
-Event = dict[str, Any]
+
+@attrs.frozen(slots=True, kw_only=True)
+class StateEvent:
+    """``key`` entered ``state`` (published on the key's channel).  Times are
+    seconds since the epoch; a field the store did not send is ``None``."""
+
+    key: str
+    state: ExecutionState
+    when: float | None = None
+    worker: str | None = None
+    started_at: float | None = None
+    completed_at: float | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The event as it travels (JSON): ``{"type": "state", ...}``, without
+        the fields that are ``None``."""
+        event: dict[str, Any] = {"type": "state", "key": self.key, "state": self.state.value}
+        for name in ("when", "worker", "started_at", "completed_at", "error"):
+            value = getattr(self, name)
+            if value is not None:
+                event[name] = value
+        return event
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ProgressEvent:
+    """``key``'s progress changed (published on the key's channel)."""
+
+    key: str
+    current: int
+    total: int
+    message: str | None = None
+    updated_at: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The event as it travels (JSON): ``{"type": "progress", ...}``."""
+        return {
+            "type": "progress",
+            "key": self.key,
+            "current": self.current,
+            "total": self.total,
+            "message": self.message,
+            "updated_at": self.updated_at,
+        }
+
+    @property
+    def progress(self) -> ProgressRecord:
+        return ProgressRecord(
+            current=self.current,
+            total=self.total,
+            message=self.message,
+            updated_at=self.updated_at,
+        )
+
+
+#: An event published on a key's channel (``subscribe``); adapters whose
+#: events travel as JSON read them with ``lua.entries.parse_event``.
+StoreEvent = StateEvent | ProgressEvent
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -144,7 +201,7 @@ class StorageAdapter(Protocol):
         ``message``, like ``clear_message``, clears it.  Progress reported for
         a key without a record is dropped when the key is scheduled."""
 
-    def subscribe(self, key: str) -> AbstractAsyncContextManager[AsyncIterator[Event]]:
+    def subscribe(self, key: str) -> AbstractAsyncContextManager[AsyncIterator[StoreEvent]]:
         """Listen to the key's state and progress events (live ones only)."""
 
     def cancellations(self) -> AbstractAsyncContextManager[AsyncIterator[tuple[str, int]]]:
@@ -174,9 +231,11 @@ class StorageAdapter(Protocol):
     async def dead_letters(self, limit: int = 1000) -> tuple[int, list[DeadLetter]]:
         """How many dead letters there are, and the newest ``limit`` of them."""
 
-    async def replay_dead_letters(self, entry_ids: Sequence[str]) -> int:
-        """Put these dead letters back in the queue as they were (after an
-        upgrade that can read them, say); returns how many were found."""
+    async def replay_dead_letters(self, entry_ids: Sequence[str] | None) -> int:
+        """Put these dead letters (``None``: all, a chunk at a time) back in
+        the queue as they were (after an upgrade that can read them, say);
+        returns how many were found.  A key the bury failed, still at the
+        letter's generation, or without a record, is queued again with it."""
 
     async def drop_dead_letters(self, entry_ids: Sequence[str] | None) -> int:
         """Remove these dead letters (``None``: all); returns how many."""

@@ -18,20 +18,23 @@ with the same key behave as they would one after the other.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, overload
 
+from ._calls import TaskFunction, pending_call, resolve_task, settle, struck
+from .execution import Execution
 from .instrumentation import producer_span, trace_headers
+from .sansio.decisions import plan_add
 from .sansio.effects import Schedule
 from .sansio.errors import UsageError
 from .sansio.strikes import StrikeList
 from .sansio.values import ScheduleMode
 
 if TYPE_CHECKING:
-    from .docket import Docket, TaskFunction
-    from .execution import Execution
+    from .docket import Docket
 
 P = ParamSpec("P")
 
@@ -64,7 +67,7 @@ class Batch:
                 part = pending[start : start + self.chunk]
                 outcomes = await self.docket.adapter.execute([effect for _, effect in part])
                 for (execution, _), outcome in zip(part, outcomes, strict=True):
-                    self.docket._settle(execution, outcome)
+                    settle(execution, outcome)
 
     @overload
     def add(
@@ -105,14 +108,27 @@ class Batch:
     ) -> Callable[..., Execution]:
         if self._strikes is None:
             raise UsageError("use a batch inside 'async with docket.batch() as batch'")
-        strikes = self._strikes
-        task, name = self.docket._resolve(function)
+        strikes, docket, headers = self._strikes, self.docket, self._headers
+        task, name = resolve_task(docket, function)
 
         def collect(*args: Any, **kwargs: Any) -> Execution:
-            call = (task, name, when, key, args, kwargs, mode)
-            execution, effect = self.docket._prepare(call, strikes, self._headers)
-            if effect is not None:
-                self._pending.append((execution, effect))
+            now = time.time()
+            execution, call = pending_call(
+                docket,
+                task,
+                name,
+                when=when,
+                key=key,
+                mode=mode,
+                args=args,
+                kwargs=kwargs,
+                headers=headers,
+                now=now,
+            )
+            effect = plan_add(call, strikes, now=now)
+            if effect is None:
+                return struck(execution)
+            self._pending.append((execution, effect))
             return execution
 
         return collect

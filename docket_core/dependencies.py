@@ -27,7 +27,6 @@ import cloudpickle
 
 from ._resolution import (
     Dependency,
-    ForcedRetry,
     Logged,
     ResolvedCall,
     Run,
@@ -44,9 +43,15 @@ from ._resolution import (
     task_policy,
     validate,
 )
-from .sansio.errors import UsageError
+from .sansio.decisions import retry_delay
+from .sansio.errors import ForcedRetry, UsageError
 from .sansio.inputs import FollowUp
-from .sansio.values import ConcurrencyPolicy, PerpetualPolicy, RetryPolicy
+from .sansio.values import (
+    DEFAULT_PROGRESS_TOTAL,
+    ConcurrencyPolicy,
+    PerpetualPolicy,
+    RetryPolicy,
+)
 from .serialization import CALL, Signing
 
 __all__ = [
@@ -246,9 +251,10 @@ def Depends(factory: Callable[..., Any]) -> Any:
 class Retry(Dependency):
     """Retry a failed task: ``attempts`` in total (``None``: forever), ``delay`` apart.
 
-    The injected copy knows the current ``attempt`` (1-based) and can ask for
-    a retry with ``after(delay)``/``in_(delay)``/``at(when)``, which raise
-    ``ForcedRetry`` (still bounded by ``attempts``).
+    The injected copy knows the current ``attempt`` (1-based) and the
+    ``delay`` a failure of it waits (``decisions.retry_delay``, as the worker
+    computes it), and can ask for a retry with ``after(delay)``/``in_(delay)``/
+    ``at(when)``, which raise ``ForcedRetry`` (still bounded by ``attempts``).
     """
 
     single: ClassVar[bool] = True
@@ -264,15 +270,19 @@ class Retry(Dependency):
     def forever(cls, delay: timedelta = timedelta(0)) -> Retry:
         return cls(attempts=None, delay=delay)
 
+    def _retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(attempts=self.attempts, delay=self.delay.total_seconds())
+
     def _policy(self) -> dict[str, Any]:
-        return {"retry": RetryPolicy(attempts=self.attempts, delay=self.delay.total_seconds())}
+        return {"retry": self._retry_policy()}
 
     def _cache_key(self) -> object | None:
         return self
 
     async def _inject(self, run: Run, parameter: str) -> Any:
         injected = _copy(self)
-        injected.attempt = getattr(run.context.execution, "attempt", 1)
+        injected.attempt = attempt = getattr(run.context.execution, "attempt", 1)
+        injected.delay = timedelta(seconds=retry_delay(self._retry_policy(), attempt))
         return injected
 
     def after(self, delay: timedelta) -> NoReturn:
@@ -313,23 +323,13 @@ class ExponentialRetry(Retry):
     ) -> ExponentialRetry:
         return cls(attempts=None, minimum_delay=minimum_delay, maximum_delay=maximum_delay)
 
-    def _policy(self) -> dict[str, Any]:
-        return {
-            "retry": RetryPolicy(
-                attempts=self.attempts,
-                delay=self.minimum_delay.total_seconds(),
-                exponential=True,
-                maximum_delay=self.maximum_delay.total_seconds(),
-            )
-        }
-
-    async def _inject(self, run: Run, parameter: str) -> Any:
-        injected = await super()._inject(run, parameter)
-        assert isinstance(injected, ExponentialRetry)
-        exponent = max(injected.attempt - 1, 0)
-        seconds = self.minimum_delay.total_seconds() * 2.0 ** min(exponent, 64)
-        injected.delay = timedelta(seconds=min(seconds, self.maximum_delay.total_seconds()))
-        return injected
+    def _retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            attempts=self.attempts,
+            delay=self.minimum_delay.total_seconds(),
+            exponential=True,
+            maximum_delay=self.maximum_delay.total_seconds(),
+        )
 
     def __repr__(self) -> str:
         return (
@@ -553,7 +553,7 @@ class Progress(Dependency):
 
     def __init__(self) -> None:
         self.current = 0
-        self.total = 100
+        self.total = DEFAULT_PROGRESS_TOTAL
         self.message: str | None = None
         self._report: Callable[..., Any] | None = None
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
@@ -14,37 +13,24 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 import attrs
 
 from . import instrumentation
+from ._calls import TaskFunction, pending_call, resolve_task, settle, struck, uuid7
 from .adapter import StorageAdapter, adapter_for_url
-from .dependencies import bind_arguments, validate
-from .execution import Execution, to_datetime, to_timestamp
-from .instrumentation import (
-    TASKS_ADDED,
-    TASKS_CANCELLED,
-    TASKS_REPLACED,
-    TASKS_SCHEDULED,
-    producer_span,
-    trace_headers,
-)
+from .dependencies import validate
+from .execution import Execution, to_datetime
+from .instrumentation import TASKS_CANCELLED, producer_span, trace_headers
 from .lua.base import ScriptedStore
-from .sansio.decisions import plan_add
-from .sansio.effects import Cancel, Schedule
-from .sansio.errors import StoreError, UsageError
-from .sansio.inputs import Outcome, Scheduled
-from .sansio.strikes import Operator, StrikeInstruction, StrikeList
-from .sansio.values import DeadLetter, Disposition, ExecutionState, MalformedEntry, ScheduleMode
-from .serialization import Signing, SigningKeys, dumps_call
+from .sansio.decisions import is_live, liveness_window, plan_add
+from .sansio.effects import Cancel
+from .sansio.errors import UsageError
+from .sansio.strikes import Operator, StrikeInstruction
+from .sansio.values import DeadLetter, MalformedEntry, ScheduleMode
+from .serialization import Signing, SigningKeys
 
 if TYPE_CHECKING:
     from .batch import Batch
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-TaskFunction = Callable[..., Any]
-#: one add or replace: function, name, when, key, args, kwargs, mode
-Call = tuple[
-    TaskFunction, str, datetime | None, str | None, tuple[Any, ...], dict[str, Any], ScheduleMode
-]
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -174,17 +160,6 @@ class Docket:
         for function in getattr(module, attribute):
             self.register(function)
 
-    def _resolve(self, function: TaskFunction | str) -> tuple[TaskFunction, str]:
-        if isinstance(function, str):
-            try:
-                return self.tasks[function], function
-            except KeyError:
-                raise KeyError(f"unknown task {function!r}") from None
-        name = function.__name__
-        if self.tasks.get(name) is not function:
-            self.register(function)
-        return function, name
-
     # -- scheduling ------------------------------------------------------------------
 
     @overload
@@ -218,10 +193,10 @@ class Docket:
 
         With a ``key`` that is already scheduled, queued or running, nothing
         changes and the execution says ``ALREADY_SCHEDULED``."""
-        task, name = self._resolve(function)
+        task, name = resolve_task(self, function)
 
         async def scheduler(*args: Any, **kwargs: Any) -> Execution:
-            return await self._schedule((task, name, when, key, args, kwargs, ScheduleMode.ADD))
+            return await self._schedule(task, name, when, key, ScheduleMode.ADD, args, kwargs)
 
         return scheduler
 
@@ -250,64 +225,47 @@ class Docket:
         self, function: TaskFunction | str, when: datetime, key: str
     ) -> Callable[..., Awaitable[Execution]]:
         """Schedule a call under ``key``, superseding whatever is live there."""
-        task, name = self._resolve(function)
+        task, name = resolve_task(self, function)
 
         async def scheduler(*args: Any, **kwargs: Any) -> Execution:
-            call = (task, name, when, key, args, kwargs, ScheduleMode.REPLACE)
-            return await self._schedule(call)
+            return await self._schedule(task, name, when, key, ScheduleMode.REPLACE, args, kwargs)
 
         return scheduler
 
-    async def _schedule(self, call: Call) -> Execution:
-        task, name, when, key, args, kwargs, mode = call
+    async def _schedule(
+        self,
+        task: TaskFunction,
+        name: str,
+        when: datetime | None,
+        key: str | None,
+        mode: ScheduleMode,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Execution:
         key = key or uuid7()  # now, so the span can name it
-        call = (task, name, when, key, args, kwargs, mode)
         operation = "add" if mode is ScheduleMode.ADD else "replace"
         attributes = {"docket.task": name, "docket.key": key}
         with producer_span(operation, self.name, attributes) as span:
             strikes = await self.adapter.strikes()
-            execution, effect = self._prepare(call, strikes, trace_headers(span))
+            now = time.time()
+            execution, call = pending_call(
+                self,
+                task,
+                name,
+                when=when,
+                key=key,
+                mode=mode,
+                args=args,
+                kwargs=kwargs,
+                headers=trace_headers(span),
+                now=now,
+            )
+            effect = plan_add(call, strikes, now=now)
             if effect is None:
-                return execution
+                return struck(execution)
             (outcome,) = await self.adapter.execute([effect])
-        self._settle(execution, outcome)
+        settle(execution, outcome)
         return execution
-
-    def _prepare(
-        self, call: Call, strikes: StrikeList, headers: dict[str, str] | None
-    ) -> tuple[Execution, Schedule | None]:
-        """The execution of a call and the effect that stores it (none when
-        the call is struck: the execution says so)."""
-        task, name, when, key, args, kwargs, mode = call
-        now = time.time()
-        at = now if when is None else to_timestamp(when)
-        key = key or uuid7()
-        execution = Execution(self, task, args, kwargs, key, to_datetime(at), function_name=name)
-        if instrumentation.metering():
-            counter = TASKS_ADDED if mode is ScheduleMode.ADD else TASKS_REPLACED
-            counter.add(1, {"docket.name": self.name, "docket.task": name})
-        if not strikes.empty and strikes.is_struck(name, bind_arguments(task, args, kwargs)):
-            execution.disposition = Disposition.STRUCK
-            execution.state = ExecutionState.CANCELLED
-            return execution, None
-        payload = dumps_call(name, args, kwargs, headers, self.signing)
-        effect = plan_add(key=key, function=name, payload=payload, when=at, mode=mode, now=now)
-        return execution, effect
-
-    def _settle(self, execution: Execution, outcome: Outcome) -> None:
-        """Tell ``execution`` what the store did with it."""
-        if not isinstance(outcome, Scheduled):
-            raise StoreError(f"the store answered {outcome!r} to a schedule")
-        if outcome.accepted:
-            execution.disposition = Disposition.SCHEDULED
-            execution._generation = outcome.generation
-            if instrumentation.metering():
-                labels = {"docket.name": self.name, "docket.task": execution.function_name}
-                TASKS_SCHEDULED.add(1, labels)
-        else:
-            execution.disposition = Disposition.ALREADY_SCHEDULED
-        if outcome.state is not None:
-            execution.state = outcome.state
 
     def batch(self, chunk: int = 1000) -> Batch:
         """``async with docket.batch() as batch: batch.add(fn)(...)``: adds and
@@ -421,11 +379,11 @@ class Docket:
             )
             for r in raw.running
         ]
-        horizon = self.heartbeat_interval.total_seconds() * self.missed_heartbeats
+        window = self._liveness_window()
         workers = [
             WorkerInfo(name=w.name, last_seen=to_datetime(w.last_seen), tasks=set(w.tasks))
             for w in raw.workers
-            if w.last_seen > now - horizon
+            if is_live(w.last_seen, now, window)
         ]
         return DocketSnapshot(
             taken=to_datetime(now),
@@ -443,9 +401,10 @@ class Docket:
         """How many malformed messages were set aside, and the newest ``limit``."""
         return await self.adapter.dead_letters(limit)
 
-    async def replay_dead_letters(self, entry_ids: Sequence[str]) -> int:
-        """Put these dead letters back in the queue as they were (one that
-        still cannot be read comes back to the dead letters); returns how many."""
+    async def replay_dead_letters(self, entry_ids: Sequence[str] | None = None) -> int:
+        """Put these dead letters (``None``: all) back in the queue as they
+        were, their keys queued again (one that still cannot be read comes
+        back to the dead letters); returns how many."""
         return await self.adapter.replay_dead_letters(entry_ids)
 
     async def drop_dead_letters(self, entry_ids: Sequence[str] | None = None) -> int:
@@ -454,12 +413,14 @@ class Docket:
 
     async def workers(self) -> list[WorkerInfo]:
         """Workers seen within ``heartbeat_interval * missed_heartbeats``."""
-        horizon = self.heartbeat_interval.total_seconds() * self.missed_heartbeats
-        records = await self.adapter.workers(time.time(), horizon)
+        records = await self.adapter.workers(time.time(), self._liveness_window())
         return [
             WorkerInfo(name=w.name, last_seen=to_datetime(w.last_seen), tasks=set(w.tasks))
             for w in records
         ]
+
+    def _liveness_window(self) -> float:
+        return liveness_window(self.heartbeat_interval.total_seconds(), self.missed_heartbeats)
 
     async def task_workers(self, task_name: str) -> list[WorkerInfo]:
         """Live workers that can run ``task_name``."""
@@ -470,15 +431,6 @@ class Docket:
         behind a concurrency limit); return how many there were."""
         with producer_span("clear", self.name):
             return await self.adapter.clear(time.time(), self.execution_ttl.total_seconds())
-
-
-def uuid7() -> str:
-    """A time-ordered UUID (version 7, RFC 9562): keys sort by creation time."""
-    milliseconds = time.time_ns() // 1_000_000
-    value = (milliseconds & (2**48 - 1)) << 80 | int.from_bytes(os.urandom(10)) & (2**80 - 1)
-    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
-    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
-    return str(uuid.UUID(int=value))
 
 
 def utcnow() -> datetime:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .adapter import ProgressEvent, StateEvent, StoreEvent
+from .sansio.errors import ExecutionCancelled as ExecutionCancelled
 from .sansio.errors import StoreError
 from .sansio.values import Disposition, ExecutionRecord, ExecutionState, ProgressRecord
 from .serialization import SignatureError, describe, loads_call, loads_value
@@ -19,10 +21,6 @@ RECHECK_SECONDS = 5.0
 
 if TYPE_CHECKING:
     from .docket import Docket
-
-
-class ExecutionCancelled(Exception):
-    """``get_result`` of an execution that was cancelled."""
 
 
 def to_datetime(timestamp: float) -> datetime:
@@ -168,55 +166,46 @@ class Execution:
         if progress is not None:
             self.progress = progress
 
-    def _apply_event(self, event: dict[str, Any]) -> None:
-        if event.get("type") == "state":
-            self.state = ExecutionState(event["state"])
-            if event.get("worker"):
-                self.worker = event["worker"]
-            if event.get("started_at"):
-                self.started_at = to_datetime(event["started_at"])
-            if event.get("completed_at"):
-                self.completed_at = to_datetime(event["completed_at"])
-            if "error" in event:
-                self.error = event["error"]
-        elif event.get("type") == "progress":
-            self.progress = ProgressRecord(
-                current=event["current"],
-                total=event["total"],
-                message=event.get("message"),
-                updated_at=event.get("updated_at"),
-            )
+    def _apply_event(self, event: StoreEvent) -> None:
+        if type(event) is StateEvent:
+            self.state = event.state
+            if event.worker:
+                self.worker = event.worker
+            if event.started_at:
+                self.started_at = to_datetime(event.started_at)
+            if event.completed_at:
+                self.completed_at = to_datetime(event.completed_at)
+            if event.error is not None:
+                self.error = event.error
+        elif type(event) is ProgressEvent:
+            self.progress = event.progress
 
     # -- events and results ----------------------------------------------------------
 
-    async def subscribe(self) -> AsyncIterator[dict[str, Any]]:
-        """Yield the current state and progress, then every live event."""
+    async def events(self) -> AsyncIterator[StoreEvent]:
+        """Yield the current state and progress, then every live event, as
+        ``StateEvent`` and ``ProgressEvent`` values (applied to this handle)."""
         async with self._docket.adapter.subscribe(self._key) as events:
             await self.sync()
-            yield self._state_snapshot()
-            yield self._progress_snapshot()
+            worker, error = self.worker or None, self.error or None
+            yield StateEvent(key=self._key, state=self.state, worker=worker, error=error)
+            p = self.progress
+            yield ProgressEvent(
+                key=self._key,
+                current=p.current,
+                total=p.total,
+                message=p.message,
+                updated_at=p.updated_at,
+            )
             async for event in events:
                 self._apply_event(event)
                 yield event
 
-    def _state_snapshot(self) -> dict[str, Any]:
-        event: dict[str, Any] = {"type": "state", "key": self._key, "state": self.state.value}
-        if self.worker:
-            event["worker"] = self.worker
-        if self.error:
-            event["error"] = self.error
-        return event
-
-    def _progress_snapshot(self) -> dict[str, Any]:
-        p = self.progress
-        return {
-            "type": "progress",
-            "key": self._key,
-            "current": p.current,
-            "total": p.total,
-            "message": p.message,
-            "updated_at": p.updated_at,
-        }
+    async def subscribe(self) -> AsyncIterator[dict[str, Any]]:
+        """Yield the current state and progress, then every live event, as
+        the JSON-like dicts pydocket yields (``StateEvent.as_dict()``...)."""
+        async for event in self.events():
+            yield event.as_dict()
 
     async def get_result(
         self, *, timeout: timedelta | None = None, deadline: datetime | None = None

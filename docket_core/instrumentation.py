@@ -36,7 +36,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -45,10 +45,10 @@ from opentelemetry.metrics._internal import _ProxyMeterProvider
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 from .sansio.errors import UsageError
+from .sansio.flight import Count
 
 if TYPE_CHECKING:
     from .execution import Execution
-    from .worker import Worker
 
 meter = metrics.get_meter("docket")
 tracer = trace.get_tracer("docket")
@@ -107,22 +107,49 @@ TASK_DURATION, TASK_PUNCTUALITY = (
     )
 )
 
+
+class Named(Protocol):
+    """Anything with a name (the docket a worker serves)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class Watched(Protocol):
+    """What the metrics read of a worker (``Worker`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def docket(self) -> Named: ...
+
+    @property
+    def counters(self) -> Mapping[str, int]: ...
+
+    @property
+    def running_tasks(self) -> int: ...
+
+
 #: the live workers whose counts the observable instruments report
-_workers: weakref.WeakSet[Worker] = weakref.WeakSet()
+_workers: weakref.WeakSet[Watched] = weakref.WeakSet()
 
 #: metric -> (description, the core counters it sums)
-WORKER_COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "docket_tasks_started": ("Task runs started", ("started",)),
-    "docket_tasks_redelivered": ("Deliveries taken over from a silent worker", ("redelivered",)),
-    "docket_tasks_stricken": ("Deliveries not run because of a strike", ("struck",)),
-    "docket_tasks_superseded": ("Deliveries of superseded generations", ("superseded",)),
-    "docket_tasks_succeeded": ("Runs that returned", ("succeeded",)),
-    "docket_tasks_failed": ("Runs (or deliveries) that failed for good", ("failed",)),
-    "docket_tasks_retried": ("Failed runs scheduled again", ("retried",)),
-    "docket_tasks_perpetuated": ("Perpetual runs scheduled again", ("perpetuated",)),
+WORKER_COUNTERS: dict[str, tuple[str, tuple[Count, ...]]] = {
+    "docket_tasks_started": ("Task runs started", (Count.STARTED,)),
+    "docket_tasks_redelivered": (
+        "Deliveries taken over from a silent worker",
+        (Count.REDELIVERED,),
+    ),
+    "docket_tasks_stricken": ("Deliveries not run because of a strike", (Count.STRUCK,)),
+    "docket_tasks_superseded": ("Deliveries of superseded generations", (Count.SUPERSEDED,)),
+    "docket_tasks_succeeded": ("Runs that returned", (Count.SUCCEEDED,)),
+    "docket_tasks_failed": ("Runs (or deliveries) that failed for good", (Count.FAILED,)),
+    "docket_tasks_retried": ("Failed runs scheduled again", (Count.RETRIED,)),
+    "docket_tasks_perpetuated": ("Perpetual runs scheduled again", (Count.PERPETUATED,)),
     "docket_tasks_completed": (
         "Runs that ended (succeeded, failed, retried or perpetuated)",
-        ("succeeded", "failed", "retried", "perpetuated"),
+        (Count.SUCCEEDED, Count.FAILED, Count.RETRIED, Count.PERPETUATED),
     ),
 }
 
@@ -155,11 +182,11 @@ meter.create_observable_up_down_counter(
 )
 
 
-def worker_attributes(worker: Worker) -> dict[str, str]:
+def worker_attributes(worker: Watched) -> dict[str, str]:
     return {"docket.name": worker.docket.name, "docket.worker": worker.name}
 
 
-def watch(worker: Worker) -> None:
+def watch(worker: Watched) -> None:
     """Report ``worker``'s counts while it lives."""
     _workers.add(worker)
 

@@ -97,11 +97,17 @@ class Signing:
         raise SignatureError(_MISMATCH)
 
 
-def _refuse_signed(payload: bytes) -> None:
-    """After unpickling failed without a key: a clear error if ``payload``
-    is signed (else the caller raises the unpickling error)."""
-    if payload[:1] == SIGNED:
-        raise SignatureError(_NO_KEY) from None
+def _unpickle(purpose: bytes, data: bytes, signing: Signing | None) -> Any:
+    """Unpickle ``data`` kept for ``purpose``: only once ``signing`` verified
+    it; without a key, a signed payload is a clear ``SignatureError``."""
+    if signing is not None:
+        return cloudpickle.loads(signing.verify(purpose, data))
+    try:
+        return cloudpickle.loads(data)
+    except Exception:
+        if data[:1] == SIGNED:
+            raise SignatureError(_NO_KEY) from None
+        raise
 
 
 def dumps_call(
@@ -129,14 +135,7 @@ def loads_message(
 ) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, str]]:
     """Unpickle a call's arguments and headers; raises ``SignatureError`` for
     a payload ``signing`` does not accept, or whatever unpickling raises."""
-    if signing is not None:
-        call = cloudpickle.loads(signing.verify(CALL, payload))
-    else:
-        try:
-            call = cloudpickle.loads(payload)
-        except Exception:
-            _refuse_signed(payload)
-            raise
+    call = _unpickle(CALL, payload, signing)
     if not isinstance(call, tuple) or len(call) not in (2, 3):
         raise TypeError("the message payload is not an (args, kwargs) pair")
     args, kwargs = call[0], call[1]
@@ -167,13 +166,7 @@ def dumps_value(value: Any, signing: Signing | None = None) -> bytes | None:
 def loads_value(data: bytes, signing: Signing | None = None) -> Any:
     """Unpickle a kept result or exception; raises ``SignatureError`` for
     data ``signing`` does not accept, or whatever unpickling raises."""
-    if signing is not None:
-        return cloudpickle.loads(signing.verify(VALUE, data))
-    try:
-        return cloudpickle.loads(data)
-    except Exception:
-        _refuse_signed(data)
-        raise
+    return _unpickle(VALUE, data, signing)
 
 
 @attrs.frozen(slots=True)
@@ -202,14 +195,7 @@ def parse_strike(
     if data is None:
         return MalformedStrike("the entry lacks the field 'i'")
     try:
-        if signing is not None:
-            instruction = cloudpickle.loads(signing.verify(STRIKE, data))
-        else:
-            try:
-                instruction = cloudpickle.loads(data)
-            except Exception:
-                _refuse_signed(data)
-                raise
+        instruction = _unpickle(STRIKE, data, signing)
     except SignatureError as error:
         return MalformedStrike(str(error))
     except Exception as error:

@@ -37,6 +37,7 @@ from .docket import Docket
 from .execution import Execution, to_datetime
 from .sansio.effects import CancelTask, Effect, Read, SeedPerpetuals, StartTask, StoreEffect
 from .sansio.errors import StoreError, StoreUnavailable, UsageError
+from .sansio.flight import Count
 from .sansio.inputs import (
     Arrival,
     CancelRequested,
@@ -56,6 +57,10 @@ from .sansio.worker import WorkerConfig, WorkerMachine
 from .serialization import SignatureError, describe, dumps_value, loads_message
 
 logger = logging.getLogger("docket.worker")
+
+#: the signals that stop a worker (the second one at once), and what it says
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_SIGNALLED = {False: ": draining", True: " again: stopping"}
 
 #: how often automatic perpetual tasks are added again, as pydocket does
 RESEED_SECONDS = 60.0
@@ -124,9 +129,12 @@ class Worker:
 
     @property
     def counters(self) -> Mapping[str, int]:
-        """What the worker has done so far (delivered, started, succeeded, ...);
-        a snapshot in which a count never reached reads as 0."""
-        return Counter(self._machine.counters) if self._machine else Counter()
+        """What the worker has done so far (delivered, started, succeeded, ...,
+        the values of ``Count``); a snapshot in which a count never reached
+        reads as 0."""
+        if self._machine is None:
+            return Counter()
+        return Counter({count.value: n for count, n in self._machine.counters.items()})
 
     @property
     def running_tasks(self) -> int:
@@ -223,7 +231,8 @@ class Worker:
         self._read: Read | None = None
         self._read_ready = anyio.Event()
         self._scopes: dict[str, anyio.CancelScope] = {}
-        self._cancel_reasons: dict[str, str] = {}
+        #: delivery id -> the last ``CancelTask`` of its run
+        self._stops: dict[str, CancelTask] = {}
         #: delivery id -> the function, the execution and the headers of its call
         self._calls: dict[str, tuple[Callable[..., Any], Execution, dict[str, str]]] = {}
         self._background: list[anyio.CancelScope] = []
@@ -243,7 +252,8 @@ class Worker:
                 await self._stopping.wait()
             finally:
                 with anyio.CancelScope(shield=True):
-                    machine.receive(ShutdownRequested(now=time.time()))
+                    if machine.failed is None:  # (a failed machine takes nothing more)
+                        machine.receive(ShutdownRequested(now=time.time()))
                     self._dirty.set()
                     drain = self.drain_timeout
                     with anyio.move_on_after(math.inf if drain is None else drain.total_seconds()):
@@ -441,7 +451,7 @@ class Worker:
         elif isinstance(effect, CancelTask):
             scope = self._scopes.get(effect.delivery_id)
             if scope is not None:
-                self._cancel_reasons[effect.delivery_id] = effect.reason
+                self._stops[effect.delivery_id] = effect
                 scope.cancel()
         elif isinstance(effect, Read):
             self._read = effect
@@ -473,7 +483,7 @@ class Worker:
                         self._dirty.set()
             except StoreError as error:
                 # a missed cancellation costs nothing: runs check their key on claim
-                machine.counters["store_errors"] += 1
+                machine.counters[Count.STORE_ERRORS] += 1
                 logger.warning(
                     "cancellations unavailable (%s); listening again in %s",
                     error,
@@ -482,14 +492,20 @@ class Worker:
                 await anyio.sleep(self.reconnection_delay.total_seconds())
 
     async def _signals(self) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for signum in signals:
-                if not self._stopping.is_set():
-                    logger.info("worker %s got signal %s: draining", self.name, signum)
-                    self._stopping.set()
-                else:
-                    logger.warning("worker %s got signal %s again: stopping", self.name, signum)
-                    self._finished.set()
+        # asyncio resets a handler it removes to the default (SIGTERM then
+        # kills the process while it closes its docket): put back what was there
+        previous = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
+        try:
+            with anyio.open_signal_receiver(*_STOP_SIGNALS) as signals:
+                async for signum in signals:
+                    again = self._stopping.is_set()
+                    log = logger.warning if again else logger.info
+                    log("worker %s got signal %s%s", self.name, signum, _SIGNALLED[again])
+                    (self._finished if again else self._stopping).set()
+        finally:
+            for signum, handler in previous.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
 
     async def _drained(self) -> None:
         """Wait until the machine is quiet: its tasks ended and the store told.
@@ -625,15 +641,17 @@ class Worker:
                     outcome = TaskOutcome.FAILED
                     what = f"{execution.function_name} failed in a dependency"
                     error, result = self._task_failed(execution, failure, span, what)
+            stop = self._stops.pop(delivery_id, None)
             if scope.cancelled_caught:
-                instrumentation.interrupted(span, self._cancel_reasons.get(delivery_id))
+                instrumentation.interrupted(span, stop.reason.value if stop else None)
         if metering:
             instrumentation.TASK_DURATION.record(time.time() - started, labels)
         if scope.cancelled_caught:
+            # the core decides what a stopped run records: here only the
+            # exception it asked to keep is pickled
             outcome, error, result = TaskOutcome.CANCELLED, None, None
-            if self._cancel_reasons.pop(delivery_id, None) == "timeout":
-                timed_out = TimeoutError(f"{execution.function_name} timed out")
-                result = dumps_value(timed_out, self.docket.signing)
+            if stop is not None and stop.result is not None:
+                result = dumps_value(stop.result.exception(), self.docket.signing)
         self._scopes.pop(delivery_id, None)
         machine.receive(
             TaskEnded(

@@ -21,6 +21,7 @@ import anyio
 import attrs
 from anyio.streams.memory import MemoryObjectSendStream
 
+from docket_core.adapter import StateEvent, StoreEvent
 from docket_core.sansio.inputs import Outcome
 from docket_core.sansio.strikes import StrikeList
 from docket_core.sansio.values import (
@@ -34,11 +35,10 @@ from docket_core.sansio.values import (
 )
 
 
-def state_event(key: str, state: ExecutionState, **fields: Any) -> dict[str, Any]:
-    """The JSON-able event published when ``key`` enters ``state``."""
-    event: dict[str, Any] = {"type": "state", "key": key, "state": state.value}
-    event.update(fields)
-    return event
+def state_event(key: str, state: ExecutionState, **fields: Any) -> StateEvent:
+    """The event published when ``key`` enters ``state`` (``fields``: the
+    other fields of ``StateEvent``)."""
+    return StateEvent(key=key, state=state, **fields)
 
 
 @attrs.define(slots=True, kw_only=True)
@@ -148,7 +148,7 @@ class Shelf:
     strikes: StrikeList = attrs.field(factory=StrikeList)
     #: malformed entries set aside, oldest first
     dead: list[DeadLetter] = attrs.field(factory=list)
-    subscribers: dict[str, set[MemoryObjectSendStream[dict[str, Any]]]] = attrs.field(factory=dict)
+    subscribers: dict[str, set[MemoryObjectSendStream[StoreEvent]]] = attrs.field(factory=dict)
     cancel_listeners: set[MemoryObjectSendStream[tuple[str, int]]] = attrs.field(factory=set)
     waiting: list[anyio.Event] = attrs.field(factory=list)
     ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
@@ -192,7 +192,12 @@ class Shelf:
             if event in self.waiting:
                 self.waiting.remove(event)
 
-    def publish(self, key: str, event: dict[str, Any]) -> None:
+    def publish_state(self, key: str, state: ExecutionState, **fields: Any) -> None:
+        """Publish ``key``'s entering ``state`` (``state_event``), if anyone listens."""
+        if key in self.subscribers:
+            self.publish(key, state_event(key, state, **fields))
+
+    def publish(self, key: str, event: StoreEvent) -> None:
         listeners = self.subscribers.get(key)
         if listeners:
             for send in list(listeners):
@@ -252,7 +257,7 @@ class Shelf:
             record = self.records.get(key)
             if record is not None and record.generation == generation:
                 self.records[key] = attrs.evolve(record, state=ExecutionState.QUEUED)
-                self.publish(key, state_event(key, ExecutionState.QUEUED, when=message.when))
+                self.publish_state(key, ExecutionState.QUEUED, when=message.when)
 
     def take(
         self,
@@ -308,10 +313,9 @@ class Shelf:
             heapq.heappush(self.expiry_heap, (now + ttl, key, record.generation))
         else:
             self.records.pop(key, None)
-        fields: dict[str, Any] = {"completed_at": record.completed_at}
-        if record.error is not None:
-            fields["error"] = record.error
-        self.publish(key, state_event(key, record.state, **fields))
+        self.publish_state(
+            key, record.state, completed_at=record.completed_at, error=record.error
+        )
 
     def expire(self, now: float) -> None:
         heap = self.expiry_heap
@@ -337,7 +341,7 @@ class Shelf:
             record, state=ExecutionState.SCHEDULED, worker=None, started_at=None
         )
         self.progress.pop(message.key, None)
-        self.publish(message.key, state_event(message.key, ExecutionState.SCHEDULED))
+        self.publish_state(message.key, ExecutionState.SCHEDULED)
 
     def unpark(self, key: str) -> None:
         parked = self.parked.pop(key, None)
@@ -358,4 +362,4 @@ class Shelf:
         message = attrs.evolve(message, when=min(message.when, now))
         self.enqueue(message, now)
         self.records[message.key] = attrs.evolve(record, state=ExecutionState.QUEUED)
-        self.publish(message.key, state_event(message.key, ExecutionState.QUEUED))
+        self.publish_state(message.key, ExecutionState.QUEUED)

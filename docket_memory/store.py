@@ -15,8 +15,9 @@ import anyio
 import attrs
 from anyio.streams.memory import MemoryObjectSendStream
 
-from docket_core.adapter import Event, ReadResult
+from docket_core.adapter import ProgressEvent, ReadResult, StoreEvent
 from docket_core.lua.entries import parse_entry
+from docket_core.sansio.decisions import is_live
 from docket_core.sansio.effects import (
     AcquireSlot,
     BuryMalformed,
@@ -33,15 +34,15 @@ from docket_core.sansio.effects import (
 from docket_core.sansio.errors import UsageError
 from docket_core.sansio.inputs import (
     Buried,
-    CancelDone,
-    ClaimDone,
+    Cancelled,
+    Claimed,
     ClaimVerdict,
-    FinishDone,
-    HeartbeatDone,
+    Finished,
+    HeartbeatSent,
     LeasesRenewed,
     Outcome,
     Scheduled,
-    SlotDone,
+    SlotAcquired,
     SlotReleased,
 )
 from docket_core.sansio.strikes import StrikeInstruction, StrikeList
@@ -59,7 +60,7 @@ from docket_core.sansio.values import (
     WorkerRecord,
 )
 
-from .shelf import Memo, Pool, Shelf, state_event
+from .shelf import Memo, Pool, Shelf
 
 _SHELVES: dict[tuple[str, str], Shelf] = {}
 #: location -> scope -> pool: the concurrency limits the dockets of a location share
@@ -136,7 +137,7 @@ class MemoryStore:
         have changed since: a claimed delivery another worker holds now is
         lost; an acquired slot is renewed to ``now``, or lost if taken over."""
         shelf = self.shelf
-        if isinstance(effect, Claim) and isinstance(first, ClaimDone):
+        if isinstance(effect, Claim) and isinstance(first, Claimed):
             verdicts = []
             for delivery_id, verdict in first.verdicts:
                 held = shelf.held.get(delivery_id)
@@ -146,11 +147,11 @@ class MemoryStore:
                     else:
                         held.renewed_at = now
                 verdicts.append((delivery_id, verdict))
-            return ClaimDone(verdicts=tuple(verdicts))
-        if isinstance(effect, AcquireSlot) and isinstance(first, SlotDone) and first.acquired:
+            return Claimed(verdicts=tuple(verdicts))
+        if isinstance(effect, AcquireSlot) and isinstance(first, SlotAcquired) and first.acquired:
             slots = shelf.pool(effect.scope).slots.get(effect.limit_key)
             if slots is None or effect.holder not in slots:
-                return SlotDone(delivery_id=effect.delivery_id, acquired=False, lost=True)
+                return SlotAcquired(delivery_id=effect.delivery_id, acquired=False, lost=True)
             slots[effect.holder] = now
         return first
 
@@ -161,7 +162,7 @@ class MemoryStore:
         outcome: Outcome = getattr(self, name)(effect)
         return outcome
 
-    def _heartbeat(self, effect: Heartbeat) -> HeartbeatDone:
+    def _heartbeat(self, effect: Heartbeat) -> HeartbeatSent:
         workers = self.shelf.workers
         if effect.leaving:
             workers.pop(effect.worker, None)
@@ -169,7 +170,7 @@ class MemoryStore:
             workers[effect.worker] = WorkerRecord(
                 name=effect.worker, last_seen=effect.now, tasks=frozenset(effect.tasks)
             )
-        return HeartbeatDone()
+        return HeartbeatSent()
 
     def _schedule(self, effect: Schedule) -> Scheduled:
         shelf = self.shelf
@@ -204,10 +205,10 @@ class MemoryStore:
             state=state,
         )
         shelf.progress.pop(key, None)
-        shelf.publish(key, state_event(key, state, when=message.when))
+        shelf.publish_state(key, state, when=message.when)
         return Scheduled(key=key, accepted=True, generation=generation, state=state)
 
-    def _claim(self, effect: Claim) -> ClaimDone:
+    def _claim(self, effect: Claim) -> Claimed:
         shelf = self.shelf
         verdicts: list[tuple[str, ClaimVerdict]] = []
         for item in effect.items:
@@ -234,18 +235,11 @@ class MemoryStore:
                     started_at=effect.now,
                 )
                 shelf.progress[item.key] = ProgressRecord()
-                if item.key in shelf.subscribers:
-                    shelf.publish(
-                        item.key,
-                        state_event(
-                            item.key,
-                            ExecutionState.RUNNING,
-                            worker=effect.worker,
-                            started_at=effect.now,
-                        ),
-                    )
+                shelf.publish_state(
+                    item.key, ExecutionState.RUNNING, worker=effect.worker, started_at=effect.now
+                )
             verdicts.append((item.delivery_id, verdict))
-        return ClaimDone(verdicts=tuple(verdicts))
+        return Claimed(verdicts=tuple(verdicts))
 
     def _holds(self, request: Request | None, delivery_id: str) -> bool:
         """Whether no other worker than the sender of a worker's effect holds
@@ -255,14 +249,14 @@ class MemoryStore:
         held = self.shelf.held.get(delivery_id)
         return held is None or held.worker == request.worker
 
-    def _finish(self, effect: Finish) -> FinishDone:
+    def _finish(self, effect: Finish) -> Finished:
         shelf = self.shelf
         if not self._holds(effect.request, effect.delivery_id):
-            return FinishDone(delivery_id=effect.delivery_id, recorded=False)
+            return Finished(delivery_id=effect.delivery_id, recorded=False)
         shelf.held.pop(effect.delivery_id, None)
         record = shelf.records.get(effect.key)
         if record is None or record.generation != effect.generation:
-            return FinishDone(delivery_id=effect.delivery_id, recorded=False)
+            return Finished(delivery_id=effect.delivery_id, recorded=False)
         shelf.progress.pop(effect.key, None)
         shelf.conclude(
             attrs.evolve(
@@ -275,7 +269,7 @@ class MemoryStore:
             effect.now,
             effect.ttl,
         )
-        return FinishDone(delivery_id=effect.delivery_id, recorded=True)
+        return Finished(delivery_id=effect.delivery_id, recorded=True)
 
     def _bury(self, effect: BuryMalformed) -> Buried:
         shelf = self.shelf
@@ -295,12 +289,14 @@ class MemoryStore:
         shelf.dead.append(letter)
         del shelf.dead[:-DEAD_LETTER_LIMIT]
         record = shelf.records.get(entry.key) if entry.key is not None else None
+        # a running record belongs to whoever claimed it: a copy never fails it
         if (
             record is None
-            or record.state not in LIVE_STATES
+            or record.state not in _WAITING
             or record.generation != entry.generation
         ):
             return Buried(delivery_id=entry.delivery_id, moved=True)
+        shelf.unqueue(record.key)
         shelf.progress.pop(record.key, None)
         failed = attrs.evolve(
             record, state=ExecutionState.FAILED, completed_at=effect.now, error=entry.reason
@@ -308,11 +304,11 @@ class MemoryStore:
         shelf.conclude(failed, effect.now, effect.ttl)
         return Buried(delivery_id=entry.delivery_id, moved=True, failed_key=True)
 
-    def _cancel(self, effect: Cancel) -> CancelDone:
+    def _cancel(self, effect: Cancel) -> Cancelled:
         shelf = self.shelf
         record = shelf.records.get(effect.key)
         if record is None or record.state.terminal:
-            return CancelDone(key=effect.key, previous=record.state if record else None)
+            return Cancelled(key=effect.key, previous=record.state if record else None)
         shelf.unqueue(effect.key)
         shelf.progress.pop(effect.key, None)
         generation = next(shelf.ids)
@@ -328,7 +324,7 @@ class MemoryStore:
         )
         for send in list(shelf.cancel_listeners):
             send.send_nowait((effect.key, generation))
-        return CancelDone(key=effect.key, previous=record.state)
+        return Cancelled(key=effect.key, previous=record.state)
 
     def _renew(self, effect: RenewLeases) -> LeasesRenewed:
         shelf = self.shelf
@@ -348,10 +344,10 @@ class MemoryStore:
                 lost_slots.append(slot.holder)
         return LeasesRenewed(lost=tuple(lost), lost_slots=tuple(lost_slots))
 
-    def _acquire(self, effect: AcquireSlot) -> SlotDone:
+    def _acquire(self, effect: AcquireSlot) -> SlotAcquired:
         shelf = self.shelf
         if not self._holds(effect.request, effect.delivery_id):
-            return SlotDone(delivery_id=effect.delivery_id, acquired=False, lost=True)
+            return SlotAcquired(delivery_id=effect.delivery_id, acquired=False, lost=True)
         pool = shelf.pool(effect.scope)
         slots = pool.slots.setdefault(effect.limit_key, {})
         acquired = True
@@ -367,7 +363,7 @@ class MemoryStore:
         else:
             shelf.held.pop(effect.delivery_id, None)
             shelf.park(pool, effect.limit_key, effect.message)
-        return SlotDone(delivery_id=effect.delivery_id, acquired=acquired)
+        return SlotAcquired(delivery_id=effect.delivery_id, acquired=acquired)
 
     def _release(self, effect: ReleaseSlot) -> SlotReleased:
         pool = self.shelf.pool(effect.scope)
@@ -440,22 +436,20 @@ class MemoryStore:
             changes["message"] = message
         progress = attrs.evolve(progress, **changes)
         shelf.progress[key] = progress
-        shelf.publish(
-            key,
-            {
-                "type": "progress",
-                "key": key,
-                "current": progress.current,
-                "total": progress.total,
-                "message": progress.message,
-                "updated_at": progress.updated_at,
-            },
-        )
+        if key in shelf.subscribers:
+            event = ProgressEvent(
+                key=key,
+                current=progress.current,
+                total=progress.total,
+                message=progress.message,
+                updated_at=progress.updated_at,
+            )
+            shelf.publish(key, event)
         return progress
 
     @asynccontextmanager
-    async def subscribe(self, key: str) -> AsyncIterator[AsyncIterator[Event]]:
-        send, receive = anyio.create_memory_object_stream[Event](max_buffer_size=1000)
+    async def subscribe(self, key: str) -> AsyncIterator[AsyncIterator[StoreEvent]]:
+        send, receive = anyio.create_memory_object_stream[StoreEvent](max_buffer_size=1000)
         listeners = self.shelf.subscribers.setdefault(key, set())
         listeners.add(send)
         try:
@@ -508,7 +502,7 @@ class MemoryStore:
         )
 
     async def workers(self, now: float, horizon: float) -> list[WorkerRecord]:
-        return [w for w in self.shelf.workers.values() if w.last_seen > now - horizon]
+        return [w for w in self.shelf.workers.values() if is_live(w.last_seen, now, horizon)]
 
     async def clear(self, now: float, ttl: float) -> int:
         shelf = self.shelf
@@ -517,30 +511,42 @@ class MemoryStore:
             self._cancel(Cancel(key=key, now=now, ttl=ttl))
         return len(keys)
 
-
     async def dead_letters(self, limit: int = 1000) -> tuple[int, list[DeadLetter]]:
         dead = self.shelf.dead
         return len(dead), list(reversed(dead[-limit:])) if limit > 0 else []
 
-    async def replay_dead_letters(self, entry_ids: Sequence[str]) -> int:
-        """Queue again the named dead letters whose fields read as a message
-        (one that still does not stays a dead letter)."""
+    async def replay_dead_letters(self, entry_ids: Sequence[str] | None) -> int:
+        """As the servers do: the key of a letter that reads as a message is
+        queued again when the bury failed it (same generation) or it has no
+        record; one that still does not read, or whose key moved on, goes
+        back and is set aside again (it stays here)."""
         shelf = self.shelf
-        wanted = set(entry_ids)
-        replayed = 0
-        for letter in [d for d in shelf.dead if d.entry_id in wanted]:
+        wanted = None if entry_ids is None else set(entry_ids)
+        letters = [d for d in shelf.dead if wanted is None or d.entry_id in wanted]
+        for letter in letters:
             flat = [part for field in letter.fields for part in field]
             parsed = parse_entry(letter.original_id, flat)
-            if isinstance(parsed, Delivery):
-                shelf.dead.remove(letter)
-                message = parsed.message
-                shelf.unqueue(message.key)
-                state = shelf.enqueue(message, message.when)  # due: queued at once
-                record = shelf.records.get(message.key)
-                if record is not None and record.generation == message.generation:
-                    shelf.records[message.key] = attrs.evolve(record, state=state)
-                replayed += 1
-        return replayed
+            if not isinstance(parsed, Delivery):
+                continue
+            shelf.dead.remove(letter)
+            message = parsed.message
+            record = shelf.records.get(message.key)
+            if record is not None and not (
+                record.state is ExecutionState.FAILED and record.generation == message.generation
+            ):
+                continue  # superseded: its claim would drop it
+            state = shelf.enqueue(message, message.when)  # due: queued at once
+            shelf.records[message.key] = ExecutionRecord(
+                key=message.key,
+                function=message.function,
+                payload=message.payload,
+                when=message.when,
+                attempt=message.attempt,
+                generation=message.generation,
+                state=state,
+            )
+            shelf.publish_state(message.key, state, when=message.when)
+        return len(letters)
 
     async def drop_dead_letters(self, entry_ids: Sequence[str] | None) -> int:
         shelf = self.shelf
@@ -552,6 +558,9 @@ class MemoryStore:
             shelf.dead[:] = [d for d in shelf.dead if d.entry_id not in wanted]
         return before - len(shelf.dead)
 
+
+#: the states in which a malformed copy of a key's message fails the key
+_WAITING = frozenset({ExecutionState.QUEUED, ExecutionState.SCHEDULED})
 
 #: how many dead letters a docket keeps (the newest), as the servers do
 DEAD_LETTER_LIMIT = 10_000

@@ -12,7 +12,7 @@ import anyio
 
 from docket_core import Docket, Execution, Worker
 from docket_core.sansio.effects import AcquireSlot, Claim, ClaimItem
-from docket_core.sansio.inputs import ClaimDone, ClaimVerdict
+from docket_core.sansio.inputs import Claimed, ClaimVerdict
 from docket_core.sansio.values import Delivery
 
 Now = Callable[[], datetime]
@@ -69,7 +69,7 @@ async def claim_as(docket: Docket, worker: str, count: int, now: float) -> list[
         for d in deliveries
     )
     (claimed,) = await docket.adapter.execute([Claim(worker=worker, items=items, now=now)])
-    assert isinstance(claimed, ClaimDone)
+    assert isinstance(claimed, Claimed)
     assert {v for _, v in claimed.verdicts} == {ClaimVerdict.CLAIMED}
     return deliveries
 

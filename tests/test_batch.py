@@ -15,7 +15,7 @@ from docket_core import Disposition, Docket, ExecutionState, UsageError, Worker
 from docket_core.lua.protocol import Layout, calls_for
 from docket_core.sansio.decisions import plan_add
 from docket_core.sansio.effects import Cancel, Finish
-from docket_core.sansio.inputs import SlotDone
+from docket_core.sansio.inputs import SlotAcquired
 from docket_core.sansio.values import ScheduleMode
 
 pytestmark = pytest.mark.anyio
@@ -184,9 +184,9 @@ async def test_the_acquisitions_of_one_flush_share_one_call(docket: Docket) -> N
     assert [(call.name, covered) for call, covered in calls] == [("acquire", 3)]
     outcomes = await docket.adapter.execute(acquisitions)
     assert outcomes == [
-        SlotDone(delivery_id=deliveries[0].delivery_id, acquired=True),
-        SlotDone(delivery_id=deliveries[1].delivery_id, acquired=True),
-        SlotDone(delivery_id=deliveries[2].delivery_id, acquired=False),
+        SlotAcquired(delivery_id=deliveries[0].delivery_id, acquired=True),
+        SlotAcquired(delivery_id=deliveries[1].delivery_id, acquired=True),
+        SlotAcquired(delivery_id=deliveries[2].delivery_id, acquired=False),
     ]
     parked = await docket.get_execution("k2")
     assert parked is not None and parked.state is ExecutionState.SCHEDULED

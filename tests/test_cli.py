@@ -218,7 +218,7 @@ def test_python_dash_m() -> None:
 
 
 def _strike(argv: list[str]) -> tuple[object, ...]:
-    from docket_core.cli_commands import _strike_arguments
+    from docket_core.cli.commands import _strike_arguments
 
     return _strike_arguments(build_parser().parse_args(["strike", *argv]))
 
@@ -258,7 +258,7 @@ def test_strike_arguments_rejects(argv: list[str], message: str) -> None:
 def test_relative_times() -> None:
     from datetime import UTC, datetime
 
-    from docket_core.cli_commands import _relative
+    from docket_core.cli.commands import _relative
 
     now = datetime(2030, 1, 1, tzinfo=UTC)
     assert _relative(now, now) == "now"
@@ -269,7 +269,7 @@ def test_relative_times() -> None:
 
 
 def test_table_aligns_columns() -> None:
-    from docket_core.cli_commands import _table
+    from docket_core.cli.commands import _table
 
     assert _table(["A", "LONGER"], [["xyz", "1"]]).splitlines() == [
         "A    LONGER",

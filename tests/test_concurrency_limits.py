@@ -31,7 +31,7 @@ from docket_core import (
     Timeout,
     Worker,
 )
-from docket_core.sansio.inputs import SlotDone
+from docket_core.sansio.inputs import SlotAcquired
 from docket_memory.shelf import Shelf
 from docket_memory.store import MemoryStore
 
@@ -345,7 +345,7 @@ async def test_a_stale_slot_of_a_scope_is_taken_over_from_another_docket(
     limit_key = f"{scope}:concurrency:export"
     acquire = acquisition(delivery, holder, limit_key, 1, now=now, stale_after=0.3, scope=scope)
     (acquired,) = await crashed.adapter.execute([acquire])
-    assert isinstance(acquired, SlotDone) and acquired.acquired
+    assert isinstance(acquired, SlotAcquired) and acquired.acquired
     died_at = time.monotonic()
 
     docket_name = survivor.name

@@ -46,17 +46,18 @@ from docket_core.sansio.effects import (
     ReleaseSlot,
     RenewLeases,
     StartTask,
+    StopReason,
     StoreEffect,
 )
 from docket_core.sansio.inputs import (
     Arrival,
-    CancelDone,
+    Cancelled,
     CancelRequested,
     Delivered,
     Outcome,
     Scheduled,
     ShutdownRequested,
-    SlotDone,
+    SlotAcquired,
     SlotReleased,
     TaskEnded,
     TaskOutcome,
@@ -126,7 +127,7 @@ class ConcurrencyMachine(RuleBasedStateMachine):
         #: executions touched by a fault: at least once, not exactly once
         self.tainted: set[Ident] = set()
         self.cancelled: set[Ident] = set()
-        #: holders that got SlotDone(acquired=True), and those released since
+        #: holders that got SlotAcquired(acquired=True), and those released since
         self.acquired: set[str] = set()
         self.released: set[str] = set()
         #: holders whose slot went stale (eligible for takeover) at some point
@@ -198,7 +199,7 @@ class ConcurrencyMachine(RuleBasedStateMachine):
             outcomes = self.execute(sent)
             for effect, outcome in zip(sent, outcomes, strict=True):
                 if isinstance(effect, AcquireSlot):
-                    assert isinstance(outcome, SlotDone)
+                    assert isinstance(outcome, SlotAcquired)
                     if outcome.acquired:
                         # a holder (worker/delivery) acquires again only once its previous
                         # run gave the slot back or lost it (the delivery came back to it)
@@ -336,7 +337,7 @@ class ConcurrencyMachine(RuleBasedStateMachine):
                 flight = sim.machine.in_flight.get(delivery_id)
                 if flight is None or flight.policy.concurrency is None:
                     continue
-                if flight.phase not in (Phase.RUNNING, Phase.CANCELLING):
+                if flight.phase not in (Phase.RUNNING, Phase.CANCELLING, Phase.TIMING_OUT):
                     continue  # abandoned: another worker owns it now
                 holder = sim.machine.holder(delivery_id)
                 if holder in self.evicted:
@@ -436,7 +437,7 @@ class ConcurrencyMachine(RuleBasedStateMachine):
     def cancel(self, task: str) -> None:
         record = self.shelf.records.get(task)
         (done,) = self.execute([Cancel(key=task, now=self.now, ttl=TTL)])
-        assert isinstance(done, CancelDone)
+        assert isinstance(done, Cancelled)
         if record is not None and not record.state.terminal:
             self.cancelled.add((task, record.generation))
         for sim in self.live():
@@ -573,7 +574,7 @@ def test_the_properties_catch_a_release_by_a_blocked_delivery(
     releases a slot anyway.  The machine must notice."""
     original = WorkerMachine._slot
 
-    def release_when_parked(self: WorkerMachine, outcome: SlotDone, now: float) -> None:
+    def release_when_parked(self: WorkerMachine, outcome: SlotAcquired, now: float) -> None:
         flight = self.in_flight.get(outcome.delivery_id)
         original(self, outcome, now)
         if flight is not None and not outcome.acquired and flight.policy.concurrency:
@@ -828,7 +829,7 @@ def test_a_blocked_redelivery_belongs_to_its_new_owner_and_the_old_one_stops() -
     a.receive(Tick(now=rig.now))
     effects = rig.pump("A")
     cancels = [e for e in effects if isinstance(e, CancelTask)]
-    assert [(c.delivery_id, c.reason) for c in cancels] == [(delivery_id, "lease-lost")]
+    assert [(c.delivery_id, c.reason) for c in cancels] == [(delivery_id, StopReason.LEASE_LOST)]
     assert a.in_flight[delivery_id].phase is Phase.ABANDONING
 
 

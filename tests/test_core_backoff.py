@@ -8,7 +8,7 @@ from test_core_worker_machine import arrival, deliver, end, make_machine, of_typ
 
 from docket_core.sansio.effects import Claim, Finish, Heartbeat, StoreEffect
 from docket_core.sansio.inputs import (
-    ClaimDone,
+    Claimed,
     ClaimVerdict,
     ReplyLost,
     ShutdownRequested,
@@ -46,7 +46,7 @@ def test_resends_back_off_doubling_up_to_a_cap() -> None:
     assert BACKOFF_CAP == 4
     assert machine.fatal is None and "d1" in machine.in_flight
     # a reply ends the streak: the next failure waits one retry delay again
-    machine.store_replied([claim], [ClaimDone(verdicts=(("d1", ClaimVerdict.CLAIMED),))], now)
+    machine.store_replied([claim], [Claimed(verdicts=(("d1", ClaimVerdict.CLAIMED),))], now)
     machine.effects()
     (finish,) = of_type(end(machine, "d1", TaskOutcome.SUCCEEDED, now + 1), Finish)
     machine.receive(ReplyLost(effects=(finish,), now=now + 1, reason="gone"))
@@ -74,7 +74,7 @@ def test_a_stopping_worker_gives_up_what_it_cannot_send_after_one_more_try() -> 
     before a resend window (the redelivery timeout) has passed."""
     machine = make_machine(retry_delay=1.0, redelivery_timeout=300.0)
     (claim,) = deliver(machine, arrival("d1"), now=0.0)
-    machine.store_replied([claim], [ClaimDone(verdicts=(("d1", ClaimVerdict.CLAIMED),))], 0.0)
+    machine.store_replied([claim], [Claimed(verdicts=(("d1", ClaimVerdict.CLAIMED),))], 0.0)
     machine.effects()
     machine.receive(ShutdownRequested(now=0.5))
     (finish,) = of_type(end(machine, "d1", TaskOutcome.SUCCEEDED, 1.0), Finish)

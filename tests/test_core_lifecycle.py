@@ -3,6 +3,8 @@ moves where the table says, and every other (phase, step) pair is refused."""
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -80,7 +82,69 @@ def test_done_is_reachable_from_every_phase() -> None:
 def test_holding_and_executing_phases() -> None:
     assert Phase.DONE not in lifecycle.HOLDING
     assert Phase.ABANDONING not in lifecycle.HOLDING
-    assert lifecycle.EXECUTING == {Phase.RUNNING, Phase.CANCELLING, Phase.ABANDONING}
+    assert lifecycle.EXECUTING == {
+        Phase.RUNNING,
+        Phase.CANCELLING,
+        Phase.TIMING_OUT,
+        Phase.ABANDONING,
+    }
+    assert lifecycle.STOPPABLE == lifecycle.EXECUTING - {Phase.ABANDONING}
+
+
+STOPPED_BEFORE_START = {
+    # (phase, the store's go-ahead) -> where the delivery goes instead of RUNNING
+    (Phase.CLAIMING_CANCELLED, Step.CLAIMED): Phase.CANCELLING,
+    (Phase.CLAIMING_LOST, Step.CLAIMED): Phase.ABANDONING,
+    (Phase.ADMITTING_CANCELLED, Step.SLOT_ACQUIRED): Phase.CANCELLING,
+    (Phase.ADMITTING_LOST, Step.SLOT_ACQUIRED): Phase.ABANDONING,
+}
+
+
+@pytest.mark.parametrize(("pair", "target"), STOPPED_BEFORE_START.items())
+def test_a_delivery_stopped_before_it_starts_never_runs(
+    pair: tuple[Phase, Step], target: Phase
+) -> None:
+    assert advance(*pair) is target
+
+
+def test_a_stop_while_waiting_for_the_store_is_a_phase_of_its_own() -> None:
+    """No stop is a self-loop while a ``Claim`` or ``AcquireSlot`` is out: the
+    phase alone says what happens once the store answers."""
+    for waiting, cancelled, lost in (
+        (Phase.CLAIMING, Phase.CLAIMING_CANCELLED, Phase.CLAIMING_LOST),
+        (Phase.ADMITTING, Phase.ADMITTING_CANCELLED, Phase.ADMITTING_LOST),
+    ):
+        assert advance(waiting, Step.CANCEL) is cancelled
+        assert advance(waiting, Step.LEASE_LOST) is lost
+        # a lost lease wins over a cancel, never the reverse
+        assert advance(cancelled, Step.LEASE_LOST) is lost
+        assert advance(lost, Step.CANCEL) is lost
+
+
+def test_a_timeout_has_its_own_phase() -> None:
+    assert advance(Phase.RUNNING, Step.TIMEOUT) is Phase.TIMING_OUT
+    assert advance(Phase.TIMING_OUT, Step.CANCEL) is Phase.TIMING_OUT
+    assert advance(Phase.TIMING_OUT, Step.LEASE_LOST) is Phase.ABANDONING
+    assert advance(Phase.TIMING_OUT, Step.ENDED) is Phase.FINISHING
+
+
+def test_the_docstring_diagram_is_the_table() -> None:
+    """The diagram in ``lifecycle``'s docstring is exactly ``diagram()``:
+    regenerate it with ``python -m docket_core.sansio --diagram``."""
+    doc = lifecycle.__doc__
+    assert doc is not None
+    marker = "change nothing::\n\n"
+    assert marker in doc
+    drawn = textwrap.dedent(doc.split(marker, 1)[1]).strip("\n")
+    assert drawn == lifecycle.diagram()
+
+
+def test_the_diagram_names_every_row() -> None:
+    drawn = lifecycle.diagram()
+    for phase in Phase:
+        assert phase.name in drawn
+    rows = sum(line.count("|") + 1 for line in drawn.splitlines() if "(final)" not in line)
+    assert rows == len(TRANSITIONS)
 
 
 def test_table_is_not_trivially_empty() -> None:

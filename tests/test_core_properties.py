@@ -33,6 +33,7 @@ from docket_core.sansio.effects import (
     CancelTask,
     Effect,
     StartTask,
+    StopReason,
     StoreEffect,
 )
 from docket_core.sansio.inputs import (
@@ -86,6 +87,10 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return result
 
 
+#: the phases of a running task function (the machine's own set, spelled out)
+EXECUTING = (Phase.RUNNING, Phase.CANCELLING, Phase.TIMING_OUT, Phase.ABANDONING)
+
+
 @attrs.define
 class Running:
     """A task function 'running' in the simulation."""
@@ -93,7 +98,7 @@ class Running:
     key: str
     generation: int
     #: the reason of a CancelTask received, if any: it ends CANCELLED
-    cancel: str | None = None
+    cancel: StopReason | None = None
 
 
 @attrs.define
@@ -267,7 +272,7 @@ class Simulation:
             for delivery_id, running in worker.running.items():
                 flight = worker.machine.in_flight.get(delivery_id)
                 assert flight is not None, (worker.name, delivery_id)
-                assert flight.phase in (Phase.RUNNING, Phase.CANCELLING, Phase.ABANDONING)
+                assert flight.phase in EXECUTING
                 if flight.phase is Phase.ABANDONING or not self.lease_valid(worker, delivery_id):
                     continue
                 owners.setdefault((running.key, running.generation), []).append(
@@ -294,7 +299,7 @@ class Simulation:
         # the simulation settles claims and finishes synchronously
         for worker in self.workers:
             for delivery_id, flight in worker.machine.in_flight.items():
-                assert flight.phase in (Phase.RUNNING, Phase.CANCELLING, Phase.ABANDONING), (
+                assert flight.phase in EXECUTING, (
                     worker.name,
                     delivery_id,
                     flight.phase,
@@ -531,7 +536,7 @@ def test_a_silent_worker_loses_its_lease_and_abandons() -> None:
     sim.read(second)
     assert delivery_id in second.running
     sim.tick(first)
-    assert first.running[delivery_id].cancel == "lease-lost"
+    assert first.running[delivery_id].cancel is StopReason.LEASE_LOST
     sim.end(first, delivery_id, TaskOutcome.CANCELLED)
     running = sim.shelf.records["a"]
     assert running.state is ExecutionState.RUNNING

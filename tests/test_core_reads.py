@@ -8,7 +8,7 @@ from test_core_worker_machine import arrival, make_machine, of_type
 
 from docket_core.sansio.effects import Claim, Heartbeat, Read
 from docket_core.sansio.inputs import (
-    ClaimDone,
+    Claimed,
     ClaimVerdict,
     ReadDone,
     ReadFailed,
@@ -54,7 +54,7 @@ def test_a_full_worker_reads_again_once_a_delivery_ends() -> None:
     machine.receive(ReadDone(arrivals=(arrival("d1"),), next_due=None, now=0.0))
     (claim,) = of_type(machine.effects(), Claim)
     assert machine.capacity == 0
-    machine.store_replied([claim], [ClaimDone(verdicts=(("d1", ClaimVerdict.SUPERSEDED),))], 0.1)
+    machine.store_replied([claim], [Claimed(verdicts=(("d1", ClaimVerdict.SUPERSEDED),))], 0.1)
     (read,) = of_type(machine.effects(), Read)
     assert read.count == 1
 

@@ -12,14 +12,15 @@ from docket_core.sansio.effects import (
     Finish,
     RenewLeases,
     StartTask,
+    StopReason,
     StoreEffect,
 )
 from docket_core.sansio.inputs import (
-    ClaimDone,
+    Claimed,
     ClaimVerdict,
     LeasesRenewed,
     ReplyLost,
-    SlotDone,
+    SlotAcquired,
     StoreFailed,
     TaskOutcome,
     Tick,
@@ -67,7 +68,7 @@ def test_the_floor_rises_once_replies_arrive() -> None:
     assert isinstance(first, Claim) and first.request is not None
     assert first.request.floor == 1
     machine.store_replied(
-        [first], [ClaimDone(verdicts=(("d1", ClaimVerdict.SUPERSEDED),))], 0.0
+        [first], [Claimed(verdicts=(("d1", ClaimVerdict.SUPERSEDED),))], 0.0
     )
     (second,) = deliver(machine, arrival("d2"), now=0.0)
     assert isinstance(second, Claim) and second.request is not None
@@ -106,11 +107,11 @@ def test_a_batch_unanswered_past_the_window_is_given_up() -> None:
 def test_a_resent_acquisition_reported_lost_never_starts() -> None:
     machine = make_machine()
     (claim,) = deliver(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)), now=0.0)
-    machine.store_replied([claim], [ClaimDone(verdicts=(("d1", ClaimVerdict.CLAIMED),))], 0.0)
+    machine.store_replied([claim], [Claimed(verdicts=(("d1", ClaimVerdict.CLAIMED),))], 0.0)
     (acquire,) = machine.effects()
     assert isinstance(acquire, AcquireSlot)
     machine.store_replied(
-        [acquire], [SlotDone(delivery_id="d1", acquired=False, lost=True)], 1.0
+        [acquire], [SlotAcquired(delivery_id="d1", acquired=False, lost=True)], 1.0
     )
     assert of_type(machine.effects(), StartTask) == []
     assert "d1" not in machine.in_flight  # left to the store: no acknowledgement
@@ -122,7 +123,7 @@ def test_a_worker_that_cannot_renew_stops_its_runs_before_others_take_them() -> 
     full timeout)."""
     machine = make_machine(redelivery_timeout=4.0, retry_delay=10.0)
     (claim,) = deliver(machine, arrival("d1"), now=0.0)
-    machine.store_replied([claim], [ClaimDone(verdicts=(("d1", ClaimVerdict.CLAIMED),))], 0.0)
+    machine.store_replied([claim], [Claimed(verdicts=(("d1", ClaimVerdict.CLAIMED),))], 0.0)
     assert of_type(machine.effects(), StartTask)
     machine.receive(Tick(now=1.0))
     (renew,) = of_type(machine.effects(), RenewLeases)
@@ -130,7 +131,7 @@ def test_a_worker_that_cannot_renew_stops_its_runs_before_others_take_them() -> 
     machine.receive(Tick(now=2.9))
     assert machine.effects() == []
     machine.receive(Tick(now=3.0))
-    assert machine.effects() == [CancelTask(delivery_id="d1", reason="lease-lost")]
+    assert machine.effects() == [CancelTask(delivery_id="d1", reason=StopReason.LEASE_LOST)]
     assert machine.in_flight["d1"].phase is Phase.ABANDONING
     assert machine.counters["fenced"] == 1
     # the abandoned run ends without a word to the store
@@ -140,7 +141,7 @@ def test_a_worker_that_cannot_renew_stops_its_runs_before_others_take_them() -> 
 def test_a_confirmed_renewal_keeps_runs_going() -> None:
     machine = make_machine(redelivery_timeout=4.0)
     (claim,) = deliver(machine, arrival("d1"), now=0.0)
-    machine.store_replied([claim], [ClaimDone(verdicts=(("d1", ClaimVerdict.CLAIMED),))], 0.0)
+    machine.store_replied([claim], [Claimed(verdicts=(("d1", ClaimVerdict.CLAIMED),))], 0.0)
     machine.effects()
     for now in (1.0, 2.0, 3.0, 4.0, 5.0):
         machine.receive(Tick(now=now))
@@ -153,7 +154,7 @@ def test_a_confirmed_renewal_keeps_runs_going() -> None:
 def test_a_finish_of_a_given_up_run_is_not_sent() -> None:
     machine = make_machine(retry_delay=1.0, redelivery_timeout=2.0)
     (claim,) = deliver(machine, arrival("d1"), now=0.0)
-    machine.store_replied([claim], [ClaimDone(verdicts=(("d1", ClaimVerdict.CLAIMED),))], 0.0)
+    machine.store_replied([claim], [Claimed(verdicts=(("d1", ClaimVerdict.CLAIMED),))], 0.0)
     machine.effects()
     (finish,) = of_type(end(machine, "d1", TaskOutcome.SUCCEEDED, 0.5), Finish)
     machine.receive(ReplyLost(effects=(finish,), now=0.5, reason="gone"))

@@ -14,6 +14,7 @@ from docket_core.sansio.effects import (
     Claim,
     ClaimItem,
     Effect,
+    ErrorResult,
     Finish,
     Heartbeat,
     ReleaseSlot,
@@ -21,24 +22,26 @@ from docket_core.sansio.effects import (
     Schedule,
     SeedPerpetuals,
     StartTask,
+    StopReason,
     StoreEffect,
 )
-from docket_core.sansio.errors import UsageError
+from docket_core.sansio.errors import InternalError, InvalidTransition, UsageError
+from docket_core.sansio.flight import Count
 from docket_core.sansio.inputs import (
     Arrival,
     CancelRequested,
-    ClaimDone,
+    Claimed,
     ClaimVerdict,
     DeadlineExtended,
     Delivered,
-    FinishDone,
+    Finished,
     FollowUp,
-    HeartbeatDone,
+    HeartbeatSent,
     LeasesRenewed,
     Outcome,
     Scheduled,
     ShutdownRequested,
-    SlotDone,
+    SlotAcquired,
     SlotReleased,
     TaskEnded,
     TaskOutcome,
@@ -65,6 +68,13 @@ LIMIT = ConcurrencyPolicy(limit_key="limit:f:customer=1", max_concurrent=2)
 
 # -- helpers ------------------------------------------------------------------
 
+
+#: what the machine sends to stop ``d1`` (task ``f``) at its deadline
+TIMED_OUT = CancelTask(
+    delivery_id="d1",
+    reason=StopReason.TIMEOUT,
+    result=ErrorResult(kind=TimeoutError, message="f timed out"),
+)
 
 def make_machine(now: float = 0.0, **settings: object) -> WorkerMachine:
     config = WorkerConfig(name=str(settings.pop("name", "w1")), **settings)  # type: ignore[arg-type]
@@ -122,7 +132,7 @@ def claim_all(
 ) -> list[Effect]:
     assert isinstance(claim, Claim)
     verdicts = tuple((item.delivery_id, verdict or ClaimVerdict.CLAIMED) for item in claim.items)
-    return reply(machine, claim, ClaimDone(verdicts=verdicts), now)
+    return reply(machine, claim, Claimed(verdicts=verdicts), now)
 
 
 def start(machine: WorkerMachine, a: Arrival, now: float = 0.0) -> list[Effect]:
@@ -144,7 +154,7 @@ def end(
 
 def recorded(machine: WorkerMachine, effect: Effect, now: float = 0.0) -> list[Effect]:
     if isinstance(effect, Finish):
-        outcome: Outcome = FinishDone(delivery_id=effect.delivery_id, recorded=True)
+        outcome: Outcome = Finished(delivery_id=effect.delivery_id, recorded=True)
     else:
         assert isinstance(effect, Schedule)
         outcome = Scheduled(
@@ -210,7 +220,7 @@ def test_mixed_verdicts() -> None:
     effects = reply(
         machine,
         claim,
-        ClaimDone(
+        Claimed(
             verdicts=(
                 ("d1", ClaimVerdict.SUPERSEDED),
                 ("d2", ClaimVerdict.CLAIMED),
@@ -230,12 +240,23 @@ def test_a_lost_claim_drops_the_delivery(verdict: ClaimVerdict) -> None:
     assert machine.in_flight == {}
     assert machine.idle
     assert machine.counters[verdict.value] == 1
+    assert machine.counters[Count(verdict.value)] == 1
+
+
+def test_counters_are_counts_read_by_plain_name_too() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1"))
+    end(machine, "d1", TaskOutcome.SUCCEEDED, 1.0)
+    assert set(machine.counters) <= set(Count)
+    assert machine.counters[Count.STARTED] == machine.counters["started"] == 1
+    assert machine.counters["succeeded"] == 1
+    assert machine.counters["never-counted"] == 0
 
 
 def test_a_verdict_for_an_unknown_delivery_is_ignored() -> None:
     machine = make_machine()
     (claim,) = deliver(machine, arrival("d1"))
-    effects = reply(machine, claim, ClaimDone(verdicts=(("nope", ClaimVerdict.CLAIMED),)))
+    effects = reply(machine, claim, Claimed(verdicts=(("nope", ClaimVerdict.CLAIMED),)))
     assert effects == []
     assert machine.in_flight["d1"].phase is Phase.CLAIMING
 
@@ -482,7 +503,7 @@ def test_cancelled_runs_never_retry_or_perpetuate() -> None:
     )
     start(machine, arrival("d1", policy=policy), now=100.0)
     machine.receive(CancelRequested(key="key-d1", now=101.0))
-    assert machine.effects() == [CancelTask(delivery_id="d1", reason="cancelled")]
+    assert machine.effects() == [CancelTask(delivery_id="d1", reason=StopReason.CANCELLED)]
     assert machine.in_flight["d1"].phase is Phase.CANCELLING
     (finish,) = end(machine, "d1", TaskOutcome.CANCELLED, 102.0)
     assert isinstance(finish, Finish)
@@ -499,7 +520,7 @@ def test_a_cancel_spares_a_key_added_again_after_it() -> None:
     assert machine.effects() == []
     assert machine.in_flight["d1"].phase is Phase.RUNNING
     machine.receive(CancelRequested(key="key-d1", now=1.0, generation=8))
-    assert machine.effects() == [CancelTask(delivery_id="d1", reason="cancelled")]
+    assert machine.effects() == [CancelTask(delivery_id="d1", reason=StopReason.CANCELLED)]
 
 
 def test_a_cancelled_run_that_finishes_anyway_reports_what_it_did() -> None:
@@ -525,7 +546,7 @@ def test_cancel_twice_sends_one_cancel_task() -> None:
     start(machine, arrival("d1"))
     machine.receive(CancelRequested(key="key-d1", now=1.0))
     machine.receive(CancelRequested(key="key-d1", now=1.5))
-    assert machine.effects() == [CancelTask(delivery_id="d1", reason="cancelled")]
+    assert machine.effects() == [CancelTask(delivery_id="d1", reason=StopReason.CANCELLED)]
 
 
 def test_cancel_while_finishing_changes_nothing() -> None:
@@ -549,16 +570,48 @@ def test_cancel_while_claiming_does_not_let_the_task_run_unchecked() -> None:
     assert not started or cancels, effects
 
 
-def test_ending_an_unknown_delivery_is_a_usage_error() -> None:
+def test_ending_an_unknown_delivery_is_an_internal_error() -> None:
+    """The runtime ends only what the machine started: docket's bug."""
     machine = make_machine()
-    with pytest.raises(UsageError):
+    with pytest.raises(InternalError, match="nope"):
         machine.receive(TaskEnded(delivery_id="nope", now=0.0, outcome=TaskOutcome.SUCCEEDED))
+    assert not isinstance(machine.failed, UsageError)
+
+
+def test_a_failed_machine_refuses_everything() -> None:
+    """As h11's connections: after an error the machine may be half-way,
+    so every later call raises, naming the first error."""
+    machine = make_machine()
+    start(machine, arrival("d1"))
+    (finish,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 1.0)
+    with pytest.raises(InvalidTransition):
+        # a second end of the same run: FINISHING has no ``ended`` row
+        machine.receive(TaskEnded(delivery_id="d1", now=2.0, outcome=TaskOutcome.SUCCEEDED))
+    assert isinstance(machine.failed, InvalidTransition)
+    calls = (
+        lambda: machine.receive(Tick(now=3.0)),
+        lambda: machine.store_replied([finish], [Finished(delivery_id="d1", recorded=True)], 3.0),
+        machine.effects,
+    )
+    for call in calls:
+        with pytest.raises(InternalError, match=r"failed earlier.*InvalidTransition") as caught:
+            call()
+        assert caught.value.__cause__ is machine.failed
+
+
+def test_a_misuse_of_store_replied_fails_the_machine_too() -> None:
+    machine = make_machine()
+    (claim,) = deliver(machine, arrival("d1"))
+    with pytest.raises(ValueError):
+        machine.store_replied([claim], [], 0.0)
+    with pytest.raises(InternalError, match="ValueError"):
+        machine.receive(Tick(now=1.0))
 
 
 def test_an_unknown_input_is_refused() -> None:
     machine = make_machine()
     with pytest.raises(TypeError):
-        machine.receive(HeartbeatDone())
+        machine.receive(HeartbeatSent())
 
 
 def test_an_outcome_for_a_finish_that_is_not_ours_is_ignored() -> None:
@@ -572,8 +625,8 @@ def test_an_outcome_for_a_finish_that_is_not_ours_is_ignored() -> None:
         now=0.0,
         ttl=1.0,
     )
-    # still RUNNING: a stray FinishDone must not move it
-    assert reply(machine, finish, FinishDone(delivery_id="d1", recorded=True)) == []
+    # still RUNNING: a stray Finished must not move it
+    assert reply(machine, finish, Finished(delivery_id="d1", recorded=True)) == []
     assert machine.in_flight["d1"].phase is Phase.RUNNING
 
 
@@ -581,7 +634,7 @@ def test_finish_not_recorded_still_drops_the_delivery() -> None:
     machine = make_machine()
     start(machine, arrival("d1"))
     (finish,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 1.0)
-    assert reply(machine, finish, FinishDone(delivery_id="d1", recorded=False)) == []
+    assert reply(machine, finish, Finished(delivery_id="d1", recorded=False)) == []
     assert machine.idle
 
 
@@ -615,8 +668,8 @@ def test_a_timeout_cancels_then_fails() -> None:
     machine.receive(Tick(now=5.9))
     assert machine.effects() == []
     machine.receive(Tick(now=6.0))
-    assert machine.effects() == [CancelTask(delivery_id="d1", reason="timeout")]
-    assert machine.in_flight["d1"].phase is Phase.CANCELLING
+    assert machine.effects() == [TIMED_OUT]
+    assert machine.in_flight["d1"].phase is Phase.TIMING_OUT
     assert machine.counters["timed_out"] == 1
     # no second CancelTask, and the deadline no longer counts
     machine.receive(Tick(now=7.0))
@@ -625,7 +678,34 @@ def test_a_timeout_cancels_then_fails() -> None:
     (finish,) = end(machine, "d1", TaskOutcome.CANCELLED, 7.0)
     assert isinstance(finish, Finish)
     assert finish.state is ExecutionState.FAILED
-    assert finish.error is not None and finish.error.startswith("TimeoutError")
+    assert finish.error == "TimeoutError: task exceeded its timeout of 5.0s"
+
+
+def test_a_timed_out_run_keeps_the_result_the_runtime_pickled_as_asked() -> None:
+    """The core asks (``CancelTask.result``) and records what comes back."""
+    machine = make_machine()
+    start(machine, arrival("d1", policy=TaskPolicy(timeout=5.0)), now=0.0)
+    machine.receive(Tick(now=5.0))
+    assert TIMED_OUT in machine.effects()
+    ended = TaskEnded(
+        delivery_id="d1", now=5.1, outcome=TaskOutcome.CANCELLED, result=b"pickled TimeoutError"
+    )
+    machine.receive(ended)
+    (finish,) = of_type(machine.effects(), Finish)
+    assert (finish.state, finish.result) == (ExecutionState.FAILED, b"pickled TimeoutError")
+
+
+def test_a_cancel_during_a_timeout_still_records_the_timeout() -> None:
+    machine = make_machine()
+    start(machine, arrival("d1", policy=TaskPolicy(timeout=5.0)), now=0.0)
+    machine.receive(Tick(now=5.0))
+    assert TIMED_OUT in machine.effects()
+    machine.receive(CancelRequested(key="key-d1", now=5.1))
+    assert of_type(machine.effects(), CancelTask) == []
+    assert machine.in_flight["d1"].phase is Phase.TIMING_OUT
+    (finish,) = end(machine, "d1", TaskOutcome.CANCELLED, 5.2)
+    assert isinstance(finish, Finish)
+    assert finish.state is ExecutionState.FAILED
 
 
 def test_a_timeout_is_retried_when_the_policy_allows() -> None:
@@ -633,7 +713,7 @@ def test_a_timeout_is_retried_when_the_policy_allows() -> None:
     policy = TaskPolicy(timeout=5.0, retry=RetryPolicy(attempts=2, delay=3.0))
     start(machine, arrival("d1", policy=policy), now=0.0)
     machine.receive(Tick(now=5.0))
-    assert CancelTask(delivery_id="d1", reason="timeout") in machine.effects()
+    assert TIMED_OUT in machine.effects()
     (schedule,) = end(machine, "d1", TaskOutcome.CANCELLED, 5.5)
     assert isinstance(schedule, Schedule)
     assert (schedule.message.attempt, schedule.message.when) == (2, 8.5)
@@ -659,7 +739,7 @@ def test_deadline_extended_moves_it() -> None:
     machine.receive(Tick(now=10.0))
     assert machine.effects() == []
     machine.receive(Tick(now=20.0))
-    assert machine.effects() == [CancelTask(delivery_id="d1", reason="timeout")]
+    assert machine.effects() == [TIMED_OUT]
 
 
 def test_deadline_extended_without_a_timeout_sets_one() -> None:
@@ -722,7 +802,7 @@ def test_a_lost_lease_cancels_the_task_and_its_end_finishes_nothing() -> None:
     (renew,) = machine.effects()
     assert isinstance(renew, RenewLeases)
     assert reply(machine, renew, LeasesRenewed(lost=("d1",)), 10.0) == [
-        CancelTask(delivery_id="d1", reason="lease-lost")
+        CancelTask(delivery_id="d1", reason=StopReason.LEASE_LOST)
     ]
     assert machine.in_flight["d1"].phase is Phase.ABANDONING
     assert machine.counters["lease_lost"] == 1
@@ -749,10 +829,10 @@ def test_lease_lost_while_cancelling_does_not_cancel_twice_for_the_same_reason()
     machine = make_machine()
     start(machine, arrival("d1"))
     machine.receive(CancelRequested(key="key-d1", now=1.0))
-    assert machine.effects() == [CancelTask(delivery_id="d1", reason="cancelled")]
+    assert machine.effects() == [CancelTask(delivery_id="d1", reason=StopReason.CANCELLED)]
     renew = RenewLeases(worker="w1", delivery_ids=("d1",), slots=(), now=1.0)
     effects = reply(machine, renew, LeasesRenewed(lost=("d1",)), 1.0)
-    assert effects == [CancelTask(delivery_id="d1", reason="lease-lost")]
+    assert effects == [CancelTask(delivery_id="d1", reason=StopReason.LEASE_LOST)]
     reply(machine, renew, LeasesRenewed(lost=("d1",)), 1.0)
     assert end(machine, "d1", TaskOutcome.CANCELLED, 2.0) == []
 
@@ -794,7 +874,7 @@ def test_a_limited_task_acquires_a_slot_first() -> None:
 def test_a_parked_delivery_is_dropped_and_releases_nothing() -> None:
     machine = make_machine()
     (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
-    assert reply(machine, acquire, SlotDone(delivery_id="d1", acquired=False)) == []
+    assert reply(machine, acquire, SlotAcquired(delivery_id="d1", acquired=False)) == []
     assert machine.idle
     assert machine.counters["parked"] == 1
 
@@ -805,7 +885,7 @@ def test_an_acquired_slot_starts_the_task_and_is_released_after_the_finish() -> 
     machine.effects()
     (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
     assert isinstance(acquire, AcquireSlot)
-    effects = reply(machine, acquire, SlotDone(delivery_id="d1", acquired=True), 1.0)
+    effects = reply(machine, acquire, SlotAcquired(delivery_id="d1", acquired=True), 1.0)
     assert effects == [StartTask(delivery_id="d1")]
     assert machine.in_flight["d1"].slot == LIMIT.limit_key
     # the slot is renewed with the lease
@@ -819,7 +899,7 @@ def test_an_acquired_slot_starts_the_task_and_is_released_after_the_finish() -> 
     machine.store_replied(
         effects,  # type: ignore[arg-type]
         [
-            FinishDone(delivery_id="d1", recorded=True),
+            Finished(delivery_id="d1", recorded=True),
             SlotReleased(limit_key=LIMIT.limit_key, woken=0),
         ],
         12.0,
@@ -832,7 +912,7 @@ def test_an_acquired_slot_is_released_after_the_retry_is_scheduled() -> None:
     machine = make_machine()
     policy = TaskPolicy(concurrency=LIMIT, retry=RetryPolicy(attempts=2, delay=1.0))
     (acquire,) = start(machine, arrival("d1", policy=policy))
-    reply(machine, acquire, SlotDone(delivery_id="d1", acquired=True))
+    reply(machine, acquire, SlotAcquired(delivery_id="d1", acquired=True))
     effects = end(machine, "d1", TaskOutcome.FAILED, 1.0)
     assert [type(e) for e in effects] == [Schedule, ReleaseSlot]
 
@@ -840,7 +920,7 @@ def test_an_acquired_slot_is_released_after_the_retry_is_scheduled() -> None:
 def test_an_abandoned_slot_holder_still_releases_its_slot() -> None:
     machine = make_machine()
     (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
-    reply(machine, acquire, SlotDone(delivery_id="d1", acquired=True))
+    reply(machine, acquire, SlotAcquired(delivery_id="d1", acquired=True))
     renew = RenewLeases(worker="w1", delivery_ids=("d1",), slots=(), now=1.0)
     reply(machine, renew, LeasesRenewed(lost=("d1",)), 1.0)
     effects = end(machine, "d1", TaskOutcome.CANCELLED, 2.0)
@@ -860,8 +940,8 @@ def test_a_delivery_that_never_acquired_never_releases() -> None:
     machine.store_replied(
         acquires,
         [
-            SlotDone(delivery_id="d1", acquired=False),
-            SlotDone(delivery_id="d2", acquired=True),
+            SlotAcquired(delivery_id="d1", acquired=False),
+            SlotAcquired(delivery_id="d2", acquired=True),
         ],
         1.0,
     )
@@ -888,8 +968,8 @@ def test_cancel_while_admitting_then_acquired_never_starts() -> None:
     (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
     machine.receive(CancelRequested(key="key-d1", now=1.0))
     assert machine.effects() == []  # nothing runs yet, nothing to cancel
-    assert machine.in_flight["d1"].phase is Phase.ADMITTING
-    effects = reply(machine, acquire, SlotDone(delivery_id="d1", acquired=True), 2.0)
+    assert machine.in_flight["d1"].phase is Phase.ADMITTING_CANCELLED
+    effects = reply(machine, acquire, SlotAcquired(delivery_id="d1", acquired=True), 2.0)
     assert of_type(effects, StartTask) == []
     assert [type(e) for e in effects] == [Finish, ReleaseSlot]
     finish, release = effects
@@ -905,7 +985,7 @@ def test_cancel_while_admitting_then_parked_is_dropped() -> None:
     machine = make_machine()
     (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
     machine.receive(CancelRequested(key="key-d1", now=1.0))
-    assert reply(machine, acquire, SlotDone(delivery_id="d1", acquired=False)) == []
+    assert reply(machine, acquire, SlotAcquired(delivery_id="d1", acquired=False)) == []
     assert machine.idle
 
 

@@ -333,3 +333,89 @@ async def test_a_waiter_that_missed_the_final_event_still_returns(
                 assert outcome == [None]
     finally:
         client.close()
+
+
+@SERVERS
+async def test_bytes_that_are_not_text_and_deep_json_stop_no_worker(
+    docket: Docket, server_for: Callable[[], Server | None]
+) -> None:
+    """Entries a blocked read brings go through the same parse: a field name
+    that is not UTF-8, or JSON nested past the recursion limit, is malformed."""
+    ran: list[int] = []
+
+    async def job(n: int) -> None:
+        ran.append(n)
+
+    docket.register(job)
+    worker = _worker(docket)
+    client = _client(server_for)
+    prefix = "{" + docket.name + "}"
+    try:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as group:
+                group.start_soon(worker.run_forever)
+                await docket.add(job, key="first")(1)
+                while ran != [1]:
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.05)  # the worker waits in a blocked read now
+                client.xadd(f"{prefix}:q", {b"\xff\xfe": b"x"})
+                client.publish(f"{prefix}:cancel", b"[" * 100_000)
+                client.publish(f"{prefix}:events:second", b"{" * 100_000)
+                while worker.counters["dead_lettered"] < 1:
+                    await anyio.sleep(0.01)
+                await docket.add(job, key="second")(2)
+                while ran != [1, 2]:
+                    await anyio.sleep(0.01)
+                group.cancel_scope.cancel()
+    finally:
+        client.close()
+    total, (letter,) = await docket.dead_letters()
+    assert total == 1 and "unreadable" in letter.reason
+
+
+async def test_a_replayed_dead_letter_that_reads_runs_its_key_again(docket: Docket) -> None:
+    """A message set aside that a later docket can read (say, after an
+    upgrade) runs when replayed: its key, failed by the bury, is queued again."""
+    ran: list[int] = []
+
+    async def job(n: int) -> None:
+        ran.append(n)
+
+    docket.register(job)
+    execution = await docket.add(job, key="revive")(7)
+    adapter = docket.adapter
+    result = await adapter.read(
+        worker="w1", count=10, now=time.time(), redelivery_timeout=60, block=0
+    )
+    (delivery,) = result.deliveries
+    m = delivery.message
+    fields = (
+        ("k", m.key.encode()),
+        ("f", m.function.encode()),
+        ("p", m.payload),
+        ("w", repr(m.when).encode()),
+        ("a", b"%d" % m.attempt),
+        ("g", b"%d" % m.generation),
+    )
+    entry = MalformedEntry(
+        delivery_id=delivery.delivery_id,
+        reason="an older docket could not read it",
+        key=m.key,
+        generation=m.generation,
+        fields=fields,
+    )
+    request = Request(origin="w1#1", worker="w1", seq=1, floor=0, remember=60)
+    bury = BuryMalformed(worker="w1", entry=entry, now=time.time(), ttl=60, request=request)
+    assert await adapter.execute([bury]) == [
+        Buried(delivery_id=delivery.delivery_id, moved=True, failed_key=True)
+    ]
+    await execution.sync()
+    assert execution.state is ExecutionState.FAILED
+
+    assert await docket.replay_dead_letters() == 1
+    assert await docket.dead_letters() == (0, [])
+    with anyio.fail_after(20):
+        await _worker(docket).run_until_finished()
+    assert ran == [7]
+    await execution.sync()
+    assert execution.state is ExecutionState.COMPLETED

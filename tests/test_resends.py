@@ -28,12 +28,12 @@ from docket_core.sansio.effects import (
     Schedule,
 )
 from docket_core.sansio.inputs import (
-    CancelDone,
-    ClaimDone,
+    Cancelled,
+    Claimed,
     ClaimVerdict,
-    FinishDone,
+    Finished,
     Scheduled,
-    SlotDone,
+    SlotAcquired,
 )
 from docket_core.sansio.values import ExecutionState, ScheduleMode
 
@@ -64,20 +64,20 @@ async def test_a_resent_acquisition_that_parked_stays_parked(docket: Docket) -> 
     hold = acquisition(a, "w1/a", "L", 1, now=now, request=request(1))
     wait = acquisition(b, "w1/b", "L", 1, now=now, request=request(2))
     assert await docket.adapter.execute([hold, wait]) == [
-        SlotDone(delivery_id=a.delivery_id, acquired=True),
-        SlotDone(delivery_id=b.delivery_id, acquired=False),
+        SlotAcquired(delivery_id=a.delivery_id, acquired=True),
+        SlotAcquired(delivery_id=b.delivery_id, acquired=False),
     ]
     release = ReleaseSlot(limit_key="L", holder="w1/a", now=now, request=request(3))
     await docket.adapter.execute([release])
 
     (again,) = await docket.adapter.execute([attrs.evolve(wait, now=now + 1)])
-    assert again == SlotDone(delivery_id=b.delivery_id, acquired=False)
+    assert again == SlotAcquired(delivery_id=b.delivery_id, acquired=False)
 
     # b, woken, runs once, on whichever worker reads it: the slot is free for it
     (woken,) = await claim_as(docket, "w2", 1, now + 1)
     assert woken.message.key == "b"
     (taken,) = await docket.adapter.execute([acquisition(woken, "w2/b", "L", 1, now=now + 1)])
-    assert taken == SlotDone(delivery_id=woken.delivery_id, acquired=True)
+    assert taken == SlotAcquired(delivery_id=woken.delivery_id, acquired=True)
 
 
 async def test_a_resent_acquisition_renews_its_slot(docket: Docket) -> None:
@@ -87,14 +87,14 @@ async def test_a_resent_acquisition_renews_its_slot(docket: Docket) -> None:
     await add(docket, "a", "b")
     a, b = await claim_as(docket, "w1", 2, now)
     first = acquisition(a, "w1/a", "L", 1, now=now, stale_after=30.0, request=request(1))
-    assert (await docket.adapter.execute([first]))[0] == SlotDone(
+    assert (await docket.adapter.execute([first]))[0] == SlotAcquired(
         delivery_id=a.delivery_id, acquired=True
     )
     later = now + 100
     (again,) = await docket.adapter.execute([attrs.evolve(first, now=later)])
-    assert again == SlotDone(delivery_id=a.delivery_id, acquired=True)
+    assert again == SlotAcquired(delivery_id=a.delivery_id, acquired=True)
     other = acquisition(b, "w1/b", "L", 1, now=later, stale_after=30.0)
-    assert (await docket.adapter.execute([other]))[0] == SlotDone(
+    assert (await docket.adapter.execute([other]))[0] == SlotAcquired(
         delivery_id=b.delivery_id, acquired=False
     )
 
@@ -107,11 +107,11 @@ async def test_a_resent_acquisition_whose_slot_was_taken_over_is_lost(docket: Do
     await docket.adapter.execute([first])
     later = now + 100
     takeover = acquisition(b, "w2/b", "L", 1, now=later, stale_after=30.0)
-    assert (await docket.adapter.execute([takeover]))[0] == SlotDone(
+    assert (await docket.adapter.execute([takeover]))[0] == SlotAcquired(
         delivery_id=b.delivery_id, acquired=True
     )
     (again,) = await docket.adapter.execute([attrs.evolve(first, now=later)])
-    assert again == SlotDone(delivery_id=a.delivery_id, acquired=False, lost=True)
+    assert again == SlotAcquired(delivery_id=a.delivery_id, acquired=False, lost=True)
 
 
 async def test_a_resent_claim_of_a_delivery_taken_over_is_lost(docket: Docket) -> None:
@@ -126,7 +126,7 @@ async def test_a_resent_claim_of_a_delivery_taken_over_is_lost(docket: Docket) -
     )
     claim = Claim(worker="w1", items=(item,), now=now, request=request(1))
     assert await docket.adapter.execute([claim]) == [
-        ClaimDone(verdicts=((delivery.delivery_id, ClaimVerdict.CLAIMED),))
+        Claimed(verdicts=((delivery.delivery_id, ClaimVerdict.CLAIMED),))
     ]
     # w1's lease lapses and w2 takes the delivery over (the servers measure
     # idleness on their own clock, so this waits a little for real)
@@ -137,7 +137,7 @@ async def test_a_resent_claim_of_a_delivery_taken_over_is_lost(docket: Docket) -
     )
     assert [d.delivery_id for d in over.deliveries] == [delivery.delivery_id]
     (again,) = await docket.adapter.execute([attrs.evolve(claim, now=later)])
-    assert again == ClaimDone(verdicts=((delivery.delivery_id, ClaimVerdict.LOST),))
+    assert again == Claimed(verdicts=((delivery.delivery_id, ClaimVerdict.LOST),))
 
 
 async def test_a_resent_finish_answers_its_first_outcome(docket: Docket) -> None:
@@ -153,7 +153,7 @@ async def test_a_resent_finish_answers_its_first_outcome(docket: Docket) -> None
         ttl=0,
         request=request(1),
     )
-    first = FinishDone(delivery_id=delivery.delivery_id, recorded=True)
+    first = Finished(delivery_id=delivery.delivery_id, recorded=True)
     assert await docket.adapter.execute([finish]) == [first]
     # the record is gone (ttl 0); a second run would say "not recorded"
     assert await docket.adapter.execute([attrs.evolve(finish, now=now + 1)]) == [first]
@@ -186,15 +186,15 @@ async def test_outcomes_below_the_floor_are_forgotten(docket: Docket) -> None:
     await add(docket, "a", "b")
     cancel = Cancel(key="a", now=now, ttl=60, request=request(1))
     assert await docket.adapter.execute([cancel]) == [
-        CancelDone(key="a", previous=ExecutionState.QUEUED)
+        Cancelled(key="a", previous=ExecutionState.QUEUED)
     ]
     assert await docket.adapter.execute([cancel]) == [
-        CancelDone(key="a", previous=ExecutionState.QUEUED)
+        Cancelled(key="a", previous=ExecutionState.QUEUED)
     ]
     later = Cancel(key="b", now=now, ttl=60, request=request(2, floor=2))
     await docket.adapter.execute([later])
     assert await docket.adapter.execute([cancel]) == [
-        CancelDone(key="a", previous=ExecutionState.CANCELLED)
+        Cancelled(key="a", previous=ExecutionState.CANCELLED)
     ]
 
 
@@ -206,8 +206,8 @@ async def test_each_origin_has_its_own_outcomes(docket: Docket) -> None:
     first = Cancel(key="a", now=now, ttl=60, request=request(1, origin="w1#one"))
     second = Cancel(key="b", now=now, ttl=60, request=request(1, origin="w1#two"))
     assert await docket.adapter.execute([first, second]) == [
-        CancelDone(key="a", previous=ExecutionState.QUEUED),
-        CancelDone(key="b", previous=ExecutionState.QUEUED),
+        Cancelled(key="a", previous=ExecutionState.QUEUED),
+        Cancelled(key="b", previous=ExecutionState.QUEUED),
     ]
 
 
@@ -226,7 +226,7 @@ async def test_a_resend_without_identity_takes_the_slot(docket: Docket) -> None:
         [ReleaseSlot(limit_key="L", holder="w1/a", now=now, request=request(3))]
     )
     (again,) = await docket.adapter.execute([attrs.evolve(wait, now=now + 1, request=None)])
-    assert again == SlotDone(delivery_id=b.delivery_id, acquired=True)
+    assert again == SlotAcquired(delivery_id=b.delivery_id, acquired=True)
     (woken,) = await claim_as(docket, "w2", 1, now + 1)
     assert woken.message.key == "b"
 
@@ -252,7 +252,7 @@ async def test_a_late_finish_of_a_delivery_taken_over_changes_nothing(docket: Do
         request=request(1),
     )
     assert await docket.adapter.execute([late]) == [
-        FinishDone(delivery_id=delivery.delivery_id, recorded=False)
+        Finished(delivery_id=delivery.delivery_id, recorded=False)
     ]
     record = await docket.adapter.get_record("a")
     assert record is not None and record.state is ExecutionState.RUNNING

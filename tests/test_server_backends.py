@@ -45,7 +45,7 @@ from docket_core.lua import SCRIPTS
 from docket_core.lua.protocol import Layout, calls_for
 from docket_core.sansio.effects import Cancel, Finish
 from docket_core.sansio.errors import StoreError
-from docket_core.sansio.inputs import FinishDone
+from docket_core.sansio.inputs import Finished
 
 pytestmark = pytest.mark.anyio
 
@@ -509,7 +509,7 @@ async def test_the_finishes_of_one_flush_share_one_call(docket: Docket) -> None:
     assert [(call.name, covered) for call, covered in calls] == [("finish", 3), ("cancel", 1)]
     outcomes = await docket.adapter.execute(finishes)
     assert outcomes == [
-        FinishDone(delivery_id=by_key[key].delivery_id, recorded=key != "stale") for key in keys
+        Finished(delivery_id=by_key[key].delivery_id, recorded=key != "stale") for key in keys
     ]
     states = {key: (await docket.adapter.get_record(key)) for key in keys}
     assert {key: r.state if r else None for key, r in states.items()} == {

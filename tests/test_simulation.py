@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from docket_core.sansio.effects import AcquireSlot, Effect, ReleaseSlot
-from docket_core.sansio.inputs import SlotDone
+from docket_core.sansio.inputs import SlotAcquired
 from docket_core.sansio.outbox import Outbox
 from docket_core.sansio.worker import InFlight, WorkerMachine
 from docket_memory import simulate
@@ -43,11 +43,11 @@ def _run_until_violation(seeds: range, steps: int, remember_outcomes: bool = Tru
 
 
 def test_a_store_that_ignores_limits_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    def always_acquire(self: MemoryStore, effect: AcquireSlot) -> SlotDone:
+    def always_acquire(self: MemoryStore, effect: AcquireSlot) -> SlotAcquired:
         self.shelf.pool(effect.scope).slots.setdefault(effect.limit_key, {})[effect.holder] = (
             effect.now
         )
-        return SlotDone(delivery_id=effect.delivery_id, acquired=True)
+        return SlotAcquired(delivery_id=effect.delivery_id, acquired=True)
 
     monkeypatch.setattr(MemoryStore, "_acquire", always_acquire)
     assert "tasks run under" in _run_until_violation(range(5), 3000)
@@ -57,7 +57,7 @@ def test_releasing_a_slot_never_acquired_is_caught(monkeypatch: pytest.MonkeyPat
     """The pydocket 0.15 bug: a blocked delivery released the slot anyway."""
     original = WorkerMachine._slot
 
-    def release_when_parked(self: WorkerMachine, outcome: SlotDone, now: float) -> None:
+    def release_when_parked(self: WorkerMachine, outcome: SlotAcquired, now: float) -> None:
         flight: InFlight | None = self.in_flight.get(outcome.delivery_id)
         original(self, outcome, now)
         if flight is not None and not outcome.acquired and flight.policy.concurrency:

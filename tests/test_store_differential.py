@@ -65,14 +65,14 @@ from docket_core.sansio.effects import (
 )
 from docket_core.sansio.inputs import (
     Buried,
-    CancelDone,
-    ClaimDone,
+    Cancelled,
+    Claimed,
     ClaimVerdict,
-    FinishDone,
+    Finished,
     LeasesRenewed,
     Outcome,
     Scheduled,
-    SlotDone,
+    SlotAcquired,
     SlotReleased,
 )
 from docket_core.sansio.values import ExecutionState, MalformedEntry, ScheduleMode, TaskMessage
@@ -347,17 +347,17 @@ class StoreDifferential(RuleBasedStateMachine):
             return attrs.evolve(
                 o, generation=o.generation if o.generation == -1 else self._look(s, o.generation)
             )
-        if isinstance(o, ClaimDone):
+        if isinstance(o, Claimed):
             return ("claim", tuple((self._handle_of(s, d), v) for d, v in o.verdicts))
-        if isinstance(o, FinishDone):
+        if isinstance(o, Finished):
             return ("finish", self._handle_of(s, o.delivery_id), o.recorded)
         if isinstance(o, Buried):
             return ("buried", self._handle_of(s, o.delivery_id), o.moved, o.failed_key)
-        if isinstance(o, SlotDone):
+        if isinstance(o, SlotAcquired):
             return ("slot", self._handle_of(s, o.delivery_id), o.acquired, o.lost)
         if isinstance(o, LeasesRenewed):
             return ("renewed", tuple(self._handle_of(s, d) for d in o.lost), o.lost_slots)
-        if isinstance(o, (CancelDone, SlotReleased)):
+        if isinstance(o, (Cancelled, SlotReleased)):
             return o
         return o
 

@@ -28,6 +28,7 @@ from docket_core import (
     Retry,
 )
 from docket_core.sansio.effects import Schedule
+from docket_core.sansio.flight import Count
 from docket_core.sansio.values import ScheduleMode, TaskMessage
 
 pytestmark = pytest.mark.anyio
@@ -257,6 +258,9 @@ async def test_counters_reflect_outcomes(docket: Docket) -> None:
     assert counters["succeeded"] == 4
     assert counters["failed"] == 1
     assert counters["retried"] == 1
+    # plain names, as printed and read by instrumentation (``Count`` values)
+    assert all(type(name) is str for name in counters)
+    assert set(counters) <= {count.value for count in Count}
 
 
 async def test_heartbeats_list_the_worker_while_it_runs(docket: Docket) -> None:

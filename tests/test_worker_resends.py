@@ -20,7 +20,7 @@ from test_concurrency_limits import NoSlotLeft, assert_no_slot_left  # noqa: F40
 from docket_core import ConcurrencyLimit, Docket, ExecutionState, Worker
 from docket_core.sansio.effects import StoreEffect
 from docket_core.sansio.errors import StoreUnavailable
-from docket_core.sansio.inputs import Outcome, SlotDone
+from docket_core.sansio.inputs import Outcome, SlotAcquired
 
 pytestmark = pytest.mark.anyio
 
@@ -61,7 +61,7 @@ async def drain_with_a_lost_parking_reply(docket: Docket) -> tuple[list[str], li
     parked_once: list[bool] = []
 
     def lose(outcomes: Sequence[Outcome]) -> bool:
-        parks = any(isinstance(o, SlotDone) and not o.acquired for o in outcomes)
+        parks = any(isinstance(o, SlotAcquired) and not o.acquired for o in outcomes)
         if parks and not parked_once:
             parked_once.append(True)
             return True

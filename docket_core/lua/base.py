@@ -20,7 +20,8 @@ from typing import Any
 import anyio
 import attrs
 
-from ..adapter import Event, ReadResult
+from ..adapter import ReadResult, StoreEvent
+from ..sansio.decisions import is_live
 from ..sansio.effects import StoreEffect
 from ..sansio.inputs import Outcome
 from ..sansio.strikes import StrikeInstruction, StrikeList
@@ -259,10 +260,10 @@ class ScriptedStore(abc.ABC):
         return parse_progress_reply(reply)
 
     @asynccontextmanager
-    async def subscribe(self, key: str) -> AsyncIterator[AsyncIterator[Event]]:
+    async def subscribe(self, key: str) -> AsyncIterator[AsyncIterator[StoreEvent]]:
         async with self.listen(self.layout.events_channel(key)) as messages:
 
-            async def events() -> AsyncIterator[Event]:
+            async def events() -> AsyncIterator[StoreEvent]:
                 async for data in messages:
                     event = parse_event(data)
                     if event is not None:
@@ -319,8 +320,8 @@ class ScriptedStore(abc.ABC):
         return parse_snapshot(reply, now)
 
     async def workers(self, now: float, horizon: float) -> list[WorkerRecord]:
-        snapshot = await self.snapshot(now)
-        return [w for w in snapshot.workers if w.last_seen > now - horizon]
+        snapshot = await self.snapshot(now, limit=1)  # the workers are all there
+        return [w for w in snapshot.workers if is_live(w.last_seen, now, horizon)]
 
     async def clear(self, now: float, ttl: float) -> int:
         cleared, cursor = 0, "-"
@@ -336,11 +337,19 @@ class ScriptedStore(abc.ABC):
         (reply,) = await self.run_calls([self.layout.call("dead", "list", str(limit))])
         return parse_dead_letters(reply)
 
-    async def replay_dead_letters(self, entry_ids: Sequence[str]) -> int:
-        if not entry_ids:
-            return 0
-        (reply,) = await self.run_calls([self.layout.call("dead", "replay", "0", *entry_ids)])
-        return int(reply)
+    async def replay_dead_letters(self, entry_ids: Sequence[str] | None) -> int:
+        if entry_ids is not None:
+            if not entry_ids:
+                return 0
+            (reply,) = await self.run_calls([self.layout.call("dead", "replay", "0", *entry_ids)])
+            return int(reply)
+        replayed = 0
+        while True:  # all of them, a chunk a call
+            call = self.layout.call("dead", "replay", CLEAR_CHUNK, "*")
+            (reply,) = await self.run_calls([call])
+            replayed += int(reply)
+            if int(reply) < int(CLEAR_CHUNK):
+                return replayed
 
     async def drop_dead_letters(self, entry_ids: Sequence[str] | None) -> int:
         ids = ["*"] if entry_ids is None else list(entry_ids)

@@ -3,8 +3,8 @@
 -- entry's fields packed (unpack_fields).  Moves a malformed entry the sender
 -- holds to the dead-letter stream P:dead (its id, reason, time, key and
 -- fields) and acknowledges it; when the entry is its key's current message
--- (the live record names the entry, or its generation), records the key
--- failed with the reason.  Returns 0 (the sender does not hold the entry:
+-- (the record, queued or scheduled, names the entry or its generation),
+-- records the key failed with the reason.  Returns 0 (the sender does not hold the entry:
 -- nothing changed), 1 (moved) or 2 (moved, key failed); a resend answers its
 -- first outcome and does nothing.
 local id, reason, now, ttl = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
@@ -27,8 +27,10 @@ local function bury()
   if not has_key then return 1 end
   local run = run_key(key)
   local r = redis.call('HMGET', run, 'state', 'sid', 'g')
-  if not LIVE[r[1] or ''] or not (r[2] == id or (gen ~= '' and r[3] == gen)) then return 1 end
-  redis.call('HDEL', run, 'sid')
+  -- a running record belongs to whoever claimed it: a copy never fails it
+  local waiting = r[1] == 'queued' or r[1] == 'scheduled'
+  if not waiting or not (r[2] == id or (gen ~= '' and r[3] == gen)) then return 1 end
+  unqueue(key)
   redis.call('HSET', run, 'state', 'failed', 'completed', now, 'error', reason)
   conclude(key, ttl)
   publish(key, {type = 'state', state = 'failed', completed_at = tonumber(now), error = reason})

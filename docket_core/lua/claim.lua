@@ -42,6 +42,7 @@ for i = 7, #ARGV, 3 do
       redis.call('HSET', run, 'state', 'running', 'worker', worker, 'started', now)
       redis.call('HDEL', run, 'sid')
       redis.call('DEL', prog_key(key))
+      -- 100: DEFAULT_PROGRESS_TOTAL (docket_core/sansio/values.py)
       redis.call('HSET', prog_key(key), 'current', 0, 'total', 100)
       publish(key, {type = 'state', state = 'running', worker = worker,
                     started_at = tonumber(now)})

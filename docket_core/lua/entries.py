@@ -17,9 +17,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..adapter import ReadResult
+from ..adapter import ProgressEvent, ReadResult, StateEvent, StoreEvent
 from ..sansio.errors import StoreError
 from ..sansio.values import (
+    DEFAULT_PROGRESS_TOTAL,
     DeadLetter,
     Delivery,
     ExecutionRecord,
@@ -142,7 +143,7 @@ def split_entries(
 
 def is_wake(flat: Any) -> bool:
     """Whether a stream entry is a wake-up entry (no message: blocked readers re-arm)."""
-    return not flat or text(flat[0]) == "wake"
+    return not flat or flat[0] in (b"wake", "wake")
 
 
 def parse_read(reply: Any) -> ReadResult:
@@ -208,7 +209,7 @@ def parse_progress(flat: Sequence[Any]) -> ProgressRecord | None:
     try:
         return ProgressRecord(
             current=int(text(f.get("current", "0"))),
-            total=int(text(f.get("total", "100"))),
+            total=int(text(f["total"])) if "total" in f else DEFAULT_PROGRESS_TOTAL,
             message=text(f["message"]) if "message" in f else None,
             updated_at=float(text(f["updated"])) if "updated" in f else None,
         )
@@ -237,13 +238,13 @@ def parse_worker(name: Any, score: Any, tasks: Any) -> WorkerRecord | None:
     except ValueError:
         return None
     try:
-        names = json.loads(text(tasks))
+        names = json.loads(raw(tasks))
         task_names = (
             frozenset(n for n in names if isinstance(n, str))
             if isinstance(names, list)
             else frozenset()
         )
-    except ValueError:
+    except (ValueError, RecursionError):
         task_names = frozenset()
     return WorkerRecord(name=worker, last_seen=last_seen, tasks=task_names)
 
@@ -298,23 +299,67 @@ def parse_snapshot(reply: Any, now: float) -> StoreSnapshot:
     )
 
 
-def parse_event(data: bytes) -> dict[str, Any] | None:
-    """A state or progress event from a key's channel; ``None`` for anything
-    else published there (anyone may publish)."""
+def parse_event(data: bytes) -> StoreEvent | None:
+    """A state or progress event from a key's channel (the JSON the scripts
+    publish); ``None`` for anything else published there (anyone may)."""
     try:
         event = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+    if not isinstance(event, dict) or not isinstance(event.get("key"), str):
         return None
-    return event
+    get = event.get
+    try:
+        if get("type") == "state":
+            return StateEvent(
+                key=event["key"],
+                state=ExecutionState(get("state")),
+                when=_event_number(get("when")),
+                worker=_event_string(get("worker")),
+                started_at=_event_number(get("started_at")),
+                completed_at=_event_number(get("completed_at")),
+                error=_event_string(get("error")),
+            )
+        if get("type") == "progress":
+            return ProgressEvent(
+                key=event["key"],
+                current=_event_integer(get("current")),
+                total=_event_integer(get("total")),
+                message=_event_string(get("message")),
+                updated_at=_event_number(get("updated_at")),
+            )
+    except (TypeError, ValueError):
+        return None
+    return None
+
+
+def _event_number(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"not a number: {value!r}")
+    return value
+
+
+def _event_integer(value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not an integer: {value!r}")
+    return value
+
+
+def _event_string(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"not a string: {value!r}")
+    return value
 
 
 def parse_cancellation(data: bytes) -> tuple[str, int] | None:
     """A ``(key, generation)`` from the cancellation channel, or ``None``."""
     try:
         signal = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(signal, dict):
         return None

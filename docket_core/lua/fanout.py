@@ -134,7 +134,8 @@ class Fanout:
             if entry.error is None:
                 return entry
             entry.listeners.discard(send)
-            if not entry.retry:
+            if not entry.retry or self._subscriber is not subscriber:
+                # (a connection that failed meanwhile is not subscribed on again)
                 raise entry.error
 
     async def _leave(
@@ -195,10 +196,11 @@ class Fanout:
     async def aclose(self) -> None:
         """End the pump and close the connection; listeners still waiting
         get a ``StoreUnavailable``."""
-        subscriber, pump, done = self._subscriber, self._pump, self._pump_done
-        if subscriber is None:
-            return
-        self._fail(subscriber, StoreUnavailable("the docket was closed"))
+        async with self._connecting:  # a connection being made is closed too
+            subscriber, pump, done = self._subscriber, self._pump, self._pump_done
+            if subscriber is None:
+                return
+            self._fail(subscriber, StoreUnavailable("the docket was closed"))
         if pump is not None and done is not None:
             pump.cancel()
             with anyio.move_on_after(CLOSE_TIMEOUT):

@@ -5,6 +5,7 @@
 -- Returns {current, total, message, updated}.
 local key, now = ARGV[3], ARGV[4]
 local prog = prog_key(key)
+-- '100' below: DEFAULT_PROGRESS_TOTAL (docket_core/sansio/values.py)
 if ARGV[10] ~= '' and redis.call('HGET', run_key(key), 'g') ~= ARGV[10] then
   local r = redis.call('HMGET', prog, 'current', 'total', 'message', 'updated')
   return {r[1] or '0', r[2] or '100', r[3] or false, r[4] or false}

@@ -29,15 +29,15 @@ from ..sansio.effects import (
 from ..sansio.errors import StoreError
 from ..sansio.inputs import (
     Buried,
-    CancelDone,
-    ClaimDone,
+    Cancelled,
+    Claimed,
     ClaimVerdict,
-    FinishDone,
-    HeartbeatDone,
+    Finished,
+    HeartbeatSent,
     LeasesRenewed,
     Outcome,
     Scheduled,
-    SlotDone,
+    SlotAcquired,
     SlotReleased,
 )
 from ..sansio.values import (
@@ -363,14 +363,14 @@ def outcome_for(effect: StoreEffect, reply: Any) -> Outcome:
     try:
         if kind is Finish:
             assert isinstance(effect, Finish)
-            return FinishDone(delivery_id=effect.delivery_id, recorded=int(reply) == 1)
+            return Finished(delivery_id=effect.delivery_id, recorded=int(reply) == 1)
         if kind is Claim:
             assert isinstance(effect, Claim)
             verdicts = tuple(
                 (item.delivery_id, ClaimVerdict(text(v)))
                 for item, v in zip(effect.items, reply, strict=True)
             )
-            return ClaimDone(verdicts=verdicts)
+            return Claimed(verdicts=verdicts)
         if kind is Schedule:
             assert isinstance(effect, Schedule)
             accepted, generation, state = reply
@@ -388,7 +388,7 @@ def outcome_for(effect: StoreEffect, reply: Any) -> Outcome:
         if kind is AcquireSlot:
             assert isinstance(effect, AcquireSlot)
             verdict = int(reply)
-            return SlotDone(
+            return SlotAcquired(
                 delivery_id=effect.delivery_id, acquired=verdict == 1, lost=verdict == 2
             )
         if kind is ReleaseSlot:
@@ -397,7 +397,7 @@ def outcome_for(effect: StoreEffect, reply: Any) -> Outcome:
         if kind is Cancel:
             assert isinstance(effect, Cancel)
             previous = text(reply)
-            return CancelDone(
+            return Cancelled(
                 key=effect.key, previous=ExecutionState(previous) if previous else None
             )
         if kind is BuryMalformed:
@@ -407,7 +407,7 @@ def outcome_for(effect: StoreEffect, reply: Any) -> Outcome:
                 delivery_id=effect.entry.delivery_id, moved=verdict >= 1, failed_key=verdict == 2
             )
         if kind is Heartbeat:
-            return HeartbeatDone()
+            return HeartbeatSent()
     except (TypeError, ValueError) as error:
         raise StoreError(f"unexpected reply {reply!r} to {effect!r}") from error
     raise TypeError(f"no script carries out {effect!r}")

@@ -1,16 +1,22 @@
-"""Pure decisions about one execution: how to schedule it, what its end leads to.
+"""Pure decisions: how a call is scheduled, what a run's end leads to, how
+long a worker counts as live.
 
-The producer side (``plan_add``) and the worker side (``plan_end``) both live
-here so that the rules about ``when``, attempts, retries and perpetual runs are
-written once.
+The producer side (``plan_add``), the worker side (``plan_end``) and the
+retry and liveness arithmetic every part of docket shares live here, so that
+the rules about strikes, ``when``, attempts, retries, perpetual runs and
+heartbeats are written once.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, overload
 
 import attrs
 
 from .effects import BuryMalformed, Finish, Request, Schedule, StoreEffect
 from .inputs import FollowUp, TaskEnded, TaskOutcome
+from .strikes import StrikeList
 from .values import (
     ExecutionState,
     MalformedEntry,
@@ -21,30 +27,75 @@ from .values import (
 )
 
 _NO_FOLLOW_UP = FollowUp()
+_NO_ARGUMENTS: Mapping[str, Any] = {}
+#: past this many doublings an exponential delay stops growing (2**64 s
+#: outlasts any clock, and a float power this large still fits)
+_MAX_DOUBLINGS = 64
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class PendingCall:
+    """One ``add`` or ``replace``, checked and pickled by the producer: what to
+    store, and the call's ``arguments`` by parameter name (read only when a
+    strike names a parameter, so a producer may bind them lazily)."""
+
+    function: str
+    key: str
+    when: float
+    mode: ScheduleMode
+    payload: bytes
+    arguments: Mapping[str, Any] = _NO_ARGUMENTS
+
+
+@overload
+def plan_add(call: PendingCall, strikes: StrikeList, *, now: float) -> Schedule | None: ...
+
+
+@overload
+def plan_add(
+    *, key: str, function: str, payload: bytes, when: float, mode: ScheduleMode, now: float
+) -> Schedule: ...
 
 
 def plan_add(
+    call: PendingCall | None = None,
+    strikes: StrikeList | None = None,
     *,
-    key: str,
-    function: str,
-    payload: bytes,
-    when: float,
-    mode: ScheduleMode,
     now: float,
-) -> Schedule:
-    """The effect that stores a new execution (``add`` or ``replace``)."""
-    message = TaskMessage(key=key, function=function, payload=payload, when=when)
-    return Schedule(message=message, mode=mode, now=now)
+    key: str = "",
+    function: str = "",
+    payload: bytes = b"",
+    when: float = 0.0,
+    mode: ScheduleMode = ScheduleMode.ADD,
+) -> Schedule | None:
+    """The effect that stores a new execution (``add`` or ``replace``), or
+    ``None`` when a strike matches the call: a struck call is not stored.
+
+    ``Docket.add``/``replace`` and ``Batch`` pass a ``PendingCall`` and the
+    strikes in effect; the keyword form (the fields of a call, no strikes)
+    serves simulators and tests that schedule raw messages."""
+    if call is None:
+        message = TaskMessage(key=key, function=function, payload=payload, when=when)
+        return Schedule(message=message, mode=mode, now=now)
+    if strikes is not None and strikes.is_struck(call.function, call.arguments):
+        return None
+    message = TaskMessage(
+        key=call.key, function=call.function, payload=call.payload, when=call.when
+    )
+    return Schedule(message=message, mode=call.mode, now=now)
 
 
 def retry_delay(policy: RetryPolicy, attempt: int) -> float:
-    """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-    if not policy.exponential:
+    """Seconds to wait after failed attempt number ``attempt`` (1-based).
+
+    ``Retry``: always ``delay``.  ``ExponentialRetry`` (pydocket's rule):
+    ``delay`` after the first attempt, then ``delay * 2 ** (attempt - 1)``
+    capped at ``maximum_delay``; a ``maximum_delay`` of 0 is a cap like any
+    other (no wait from the second retry on), not "uncapped"."""
+    if not policy.exponential or attempt <= 1:
         return policy.delay
-    delay = policy.delay * 2.0 ** max(attempt - 1, 0)
-    if policy.maximum_delay > 0:
-        delay = min(delay, policy.maximum_delay)
-    return delay
+    doubled = policy.delay * 2.0 ** min(attempt - 1, _MAX_DOUBLINGS)
+    return min(doubled, policy.maximum_delay)
 
 
 def may_retry(policy: RetryPolicy, attempt: int) -> bool:
@@ -167,3 +218,14 @@ def plan_bury(
     when it is the key's current message)."""
     ttl = failure_ttl(execution_ttl)
     return BuryMalformed(worker=worker, entry=entry, now=now, ttl=ttl, request=request)
+
+
+def liveness_window(heartbeat_interval: float, missed_heartbeats: int) -> float:
+    """Seconds a worker counts as live after its last heartbeat:
+    ``missed_heartbeats`` heartbeat intervals."""
+    return heartbeat_interval * missed_heartbeats
+
+
+def is_live(last_seen: float, now: float, window: float) -> bool:
+    """Whether a worker last seen at ``last_seen`` is live at ``now``."""
+    return last_seen > now - window

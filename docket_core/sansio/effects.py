@@ -29,6 +29,8 @@ a batch, so every store effect is safe to send twice:
 
 from __future__ import annotations
 
+import enum
+
 import attrs
 
 from .values import ExecutionState, HeldSlot, MalformedEntry, ScheduleMode, TaskMessage
@@ -283,12 +285,36 @@ class SeedPerpetuals(RuntimeEffect):
     cancelled, struck and restored, or dropped by an old worker resumes."""
 
 
+class StopReason(enum.Enum):
+    """Why the core stops a running task function (``CancelTask``)."""
+
+    #: it ran past its deadline: the run fails with ``TimeoutError``
+    TIMEOUT = "timeout"
+    #: someone cancelled its key: the run ends cancelled
+    CANCELLED = "cancelled"
+    #: another worker owns the message now: nothing is recorded here
+    LEASE_LOST = "lease-lost"
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ErrorResult:
+    """An exception a stopped run keeps as its result: the runtime builds
+    ``kind(message)`` and pickles it (the core never pickles)."""
+
+    kind: type[Exception]
+    message: str
+
+    def exception(self) -> Exception:
+        return self.kind(self.message)
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class CancelTask(RuntimeEffect):
-    """Cancel the running task function of this delivery.
+    """Cancel the running task function of this delivery, for ``reason``.
 
-    ``reason`` is ``"timeout"``, ``"cancelled"`` (someone cancelled the key) or
-    ``"lease-lost"`` (another worker owns the message now)."""
+    A run that ends cancelled then reports ``result`` (pickled) as its
+    ``TaskEnded.result``, or nothing when ``result`` is ``None``."""
 
     delivery_id: str
-    reason: str
+    reason: StopReason
+    result: ErrorResult | None = None

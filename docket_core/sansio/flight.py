@@ -1,7 +1,10 @@
-"""A worker's settings (``WorkerConfig``) and what it knows of one delivery it
-holds (``InFlight``): the nouns the worker machine works with."""
+"""A worker's settings (``WorkerConfig``), what it knows of one delivery it
+holds (``InFlight``) and what it counts (``Count``): the nouns the worker
+machine works with."""
 
 from __future__ import annotations
+
+import enum
 
 import attrs
 
@@ -89,5 +92,42 @@ class InFlight:
     deadline: float | None = None
     #: the concurrency slot this delivery holds (limit key), once acquired
     slot: str | None = None
-    #: why the runtime was asked to cancel the task function
-    cancel_reason: str | None = None
+
+
+class Count(enum.StrEnum):
+    """What a worker machine counts (``WorkerMachine.counters``).  A ``str``
+    enum: the counters read as well with plain names (``counters["started"]``)."""
+
+    #: deliveries handed to this worker, first time / taken over from another
+    DELIVERED = "delivered"
+    REDELIVERED = "redelivered"
+    #: task functions started
+    STARTED = "started"
+    #: runs (or deliveries that could not run) recorded so
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    #: failed runs scheduled again, perpetual runs scheduled again
+    RETRIED = "retried"
+    PERPETUATED = "perpetuated"
+    #: deliveries not run: a strike matched, a newer generation exists, the
+    #: delivery was no longer this worker's, or it waits behind a limit
+    STRUCK = "struck"
+    SUPERSEDED = "superseded"
+    LOST = "lost"
+    PARKED = "parked"
+    #: runs stopped for their timeout
+    TIMED_OUT = "timed_out"
+    #: leases lost (reported by the store, or fenced), runs ended unrecorded
+    LEASE_LOST = "lease_lost"
+    ABANDONED = "abandoned"
+    #: deliveries stopped because this worker could not renew their leases
+    FENCED = "fenced"
+    #: store effects given up after the resend window
+    GIVEN_UP = "given_up"
+    #: store calls that failed (reads, batches, the cancellation listener)
+    STORE_ERRORS = "store_errors"
+    #: malformed entries read, moved to the dead letters, or already gone
+    MALFORMED = "malformed"
+    DEAD_LETTERED = "dead_lettered"
+    BURY_LOST = "bury_lost"

@@ -5,6 +5,19 @@ ticks and shutdown, and the *outcomes* of store effects.  An outcome the store
 reports (a claim that lost to a newer generation, a parked slot request, a
 lease another worker took over) is an input like any other, never an
 exception.
+
+Naming rule: an outcome is named after the store effect it answers, as the
+past participle of the effect's verb, after the effect's object when the
+effect names one: ``Schedule`` -> ``Scheduled``, ``Claim`` -> ``Claimed``,
+``Finish`` -> ``Finished``, ``Cancel`` -> ``Cancelled``, ``BuryMalformed`` ->
+``Buried``, ``AcquireSlot`` -> ``SlotAcquired``, ``ReleaseSlot`` ->
+``SlotReleased``, ``RenewLeases`` -> ``LeasesRenewed``, ``Heartbeat`` (a
+noun: the heartbeat is sent) -> ``HeartbeatSent``.  The outcome keeps its
+effect's name whatever the store decided (``Claimed`` carries the verdicts,
+superseded ones too; ``SlotAcquired`` may say parked).  The runtime's own
+reports name what happened to what: ``TaskEnded``, ``ReadDone``/``ReadFailed``
+(the answer to ``Read``, which the runtime carries out), ``ReplyLost``,
+``StoreFailed``.
 """
 
 from __future__ import annotations
@@ -186,7 +199,7 @@ class Scheduled(Outcome):
 
 
 @attrs.frozen(slots=True, kw_only=True)
-class CancelDone(Outcome):
+class Cancelled(Outcome):
     """Outcome of ``Cancel``: the state the key was in, if any."""
 
     key: str
@@ -216,14 +229,14 @@ class ClaimVerdict(enum.Enum):
 
 
 @attrs.frozen(slots=True, kw_only=True)
-class ClaimDone(Outcome):
+class Claimed(Outcome):
     """Outcome of ``Claim``: one verdict per item, in order."""
 
     verdicts: tuple[tuple[str, ClaimVerdict], ...]
 
 
 @attrs.frozen(slots=True, kw_only=True)
-class FinishDone(Outcome):
+class Finished(Outcome):
     """Outcome of ``Finish``: ``recorded`` false when a newer generation won."""
 
     delivery_id: str
@@ -240,7 +253,7 @@ class LeasesRenewed(Outcome):
 
 
 @attrs.frozen(slots=True, kw_only=True)
-class SlotDone(Outcome):
+class SlotAcquired(Outcome):
     """Outcome of ``AcquireSlot``: acquired, or parked among the waiters; or,
     for a resent acquisition whose first send had acquired, ``lost`` when the
     slot was taken over as stale before the resend arrived."""
@@ -259,5 +272,5 @@ class SlotReleased(Outcome):
 
 
 @attrs.frozen(slots=True, kw_only=True)
-class HeartbeatDone(Outcome):
+class HeartbeatSent(Outcome):
     """Outcome of ``Heartbeat``."""

@@ -9,22 +9,68 @@ inputs.  Every move goes through ``TRANSITIONS``; a step the table has no row
 for raises ``InvalidTransition`` naming the phase and the step, because it
 means docket itself is wrong, not the user or the store.
 
-    ARRIVED --claim--> CLAIMING --claimed--> RUNNING --ended--> FINISHING --recorded--> DONE
-       |                  |   \\--claimed_limited--> ADMITTING --slot_acquired--> RUNNING
-       |                  |                              \\--slot_parked--> DONE
-       |                  \\--claim_lost--> DONE      (superseded or cancelled: the store acked it)
-       \\--reject--> FINISHING                       (unknown task, bad payload, struck)
-
-    RUNNING --timeout / cancel--> CANCELLING --ended--> FINISHING
-    RUNNING --lease_lost--> ABANDONING --ended--> DONE  (another worker owns it: no ack)
-    CLAIMING / ADMITTING / FINISHING --given_up--> DONE  (the store stayed away past
-                                                        the resend window: no ack)
+Everything a delivery's future depends on is its phase: a delivery asked to
+stop while its ``Claim`` or ``AcquireSlot`` is out waits for the store in a
+phase of its own (``CLAIMING_CANCELLED``, ``ADMITTING_LOST``...), and once
+the store lets it run it never starts: it goes straight to ``CANCELLING``
+(it ends cancelled) or ``ABANDONING`` (it ends unrecorded, another worker
+owns it).  A run stopped for its timeout is ``TIMING_OUT``: it ends failed
+with ``TimeoutError`` (``stopping.py``).  A row that keeps the phase is a
+step that changes nothing there (a cancel that comes too late).
 
 Nothing is acknowledged before its outcome is recorded: a crash anywhere
 leaves the message with the store, which hands it out again once its lease
 runs out (at-least-once).  A concurrency slot is released only by a delivery
-that reached RUNNING through ADMITTING, i.e. whose ``AcquireSlot`` came back
-acquired: the machine keeps that fact, and only it emits ``ReleaseSlot``.
+that left ``ADMITTING`` (or one of its stopped twins) with ``slot_acquired``,
+i.e. whose ``AcquireSlot`` came back acquired: the machine keeps that fact,
+and only it emits ``ReleaseSlot``.  ``given_up``: the store did not answer the
+delivery's effect within the resend window; the delivery is left to it,
+unacknowledged.
+
+The table, as ``diagram()`` draws it (``python -m docket_core.sansio --diagram``;
+a test checks that the two agree); steps that lead to the same phase share a
+line, and ``(stays)`` lists the steps that change nothing::
+
+    ARRIVED               claim                   -> CLAIMING
+                          reject                  -> FINISHING
+    CLAIMING              claimed                 -> RUNNING
+                          claimed_limited         -> ADMITTING
+                          claim_lost | given_up   -> DONE
+                          cancel                  -> CLAIMING_CANCELLED
+                          lease_lost              -> CLAIMING_LOST
+    CLAIMING_CANCELLED    claimed                 -> CANCELLING
+                          claim_lost | given_up   -> DONE
+                          lease_lost              -> CLAIMING_LOST
+                          cancel                  (stays)
+    CLAIMING_LOST         claimed                 -> ABANDONING
+                          claim_lost | given_up   -> DONE
+                          cancel | lease_lost     (stays)
+    ADMITTING             slot_acquired           -> RUNNING
+                          slot_parked | given_up  -> DONE
+                          cancel                  -> ADMITTING_CANCELLED
+                          lease_lost              -> ADMITTING_LOST
+    ADMITTING_CANCELLED   slot_acquired           -> CANCELLING
+                          slot_parked | given_up  -> DONE
+                          lease_lost              -> ADMITTING_LOST
+                          cancel                  (stays)
+    ADMITTING_LOST        slot_acquired           -> ABANDONING
+                          slot_parked | given_up  -> DONE
+                          cancel | lease_lost     (stays)
+    RUNNING               ended                   -> FINISHING
+                          timeout                 -> TIMING_OUT
+                          cancel                  -> CANCELLING
+                          lease_lost              -> ABANDONING
+    CANCELLING            ended                   -> FINISHING
+                          lease_lost              -> ABANDONING
+                          cancel                  (stays)
+    TIMING_OUT            ended                   -> FINISHING
+                          lease_lost              -> ABANDONING
+                          cancel                  (stays)
+    ABANDONING            ended                   -> DONE
+                          cancel | lease_lost     (stays)
+    FINISHING             recorded | given_up     -> DONE
+                          cancel | lease_lost     (stays)
+    DONE                  (final)
 """
 
 from __future__ import annotations
@@ -39,12 +85,22 @@ class Phase(enum.Enum):
     ARRIVED = "arrived"
     #: ``Claim`` sent, verdict pending
     CLAIMING = "claiming"
+    #: ``Claim`` sent, and the key was cancelled since: it will not start
+    CLAIMING_CANCELLED = "claiming_cancelled"
+    #: ``Claim`` sent, and the lease was lost since: it will not start
+    CLAIMING_LOST = "claiming_lost"
     #: claimed; ``AcquireSlot`` sent, waiting for a concurrency slot
     ADMITTING = "admitting"
+    #: ``AcquireSlot`` sent, and the key was cancelled since: it will not start
+    ADMITTING_CANCELLED = "admitting_cancelled"
+    #: ``AcquireSlot`` sent, and the lease was lost since: it will not start
+    ADMITTING_LOST = "admitting_lost"
     #: the task function runs
     RUNNING = "running"
-    #: ``CancelTask`` sent (timeout or cancellation); waiting for the function to stop
+    #: its key was cancelled (``CancelTask`` sent, or it never started); it ends cancelled
     CANCELLING = "cancelling"
+    #: it ran past its deadline (``CancelTask`` sent); it ends failed, unless it returns first
+    TIMING_OUT = "timing_out"
     #: the lease was lost to another worker; waiting for the function to stop
     ABANDONING = "abandoning"
     #: ``Finish`` or a follow-up ``Schedule`` sent; waiting for the store
@@ -79,47 +135,63 @@ TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (P.CLAIMING, S.CLAIMED): P.RUNNING,
     (P.CLAIMING, S.CLAIMED_LIMITED): P.ADMITTING,
     (P.CLAIMING, S.CLAIM_LOST): P.DONE,
-    (P.CLAIMING, S.CANCEL): P.CLAIMING,
-    (P.CLAIMING, S.LEASE_LOST): P.CLAIMING,
+    (P.CLAIMING, S.CANCEL): P.CLAIMING_CANCELLED,
+    (P.CLAIMING, S.LEASE_LOST): P.CLAIMING_LOST,
+    (P.CLAIMING, S.GIVEN_UP): P.DONE,
+    (P.CLAIMING_CANCELLED, S.CLAIMED): P.CANCELLING,
+    (P.CLAIMING_CANCELLED, S.CLAIM_LOST): P.DONE,
+    (P.CLAIMING_CANCELLED, S.CANCEL): P.CLAIMING_CANCELLED,
+    (P.CLAIMING_CANCELLED, S.LEASE_LOST): P.CLAIMING_LOST,
+    (P.CLAIMING_CANCELLED, S.GIVEN_UP): P.DONE,
+    (P.CLAIMING_LOST, S.CLAIMED): P.ABANDONING,
+    (P.CLAIMING_LOST, S.CLAIM_LOST): P.DONE,
+    (P.CLAIMING_LOST, S.CANCEL): P.CLAIMING_LOST,
+    (P.CLAIMING_LOST, S.LEASE_LOST): P.CLAIMING_LOST,
+    (P.CLAIMING_LOST, S.GIVEN_UP): P.DONE,
     (P.ADMITTING, S.SLOT_ACQUIRED): P.RUNNING,
     (P.ADMITTING, S.SLOT_PARKED): P.DONE,
-    (P.ADMITTING, S.CANCEL): P.ADMITTING,
-    (P.ADMITTING, S.LEASE_LOST): P.ADMITTING,
+    (P.ADMITTING, S.CANCEL): P.ADMITTING_CANCELLED,
+    (P.ADMITTING, S.LEASE_LOST): P.ADMITTING_LOST,
+    (P.ADMITTING, S.GIVEN_UP): P.DONE,
+    (P.ADMITTING_CANCELLED, S.SLOT_ACQUIRED): P.CANCELLING,
+    (P.ADMITTING_CANCELLED, S.SLOT_PARKED): P.DONE,
+    (P.ADMITTING_CANCELLED, S.CANCEL): P.ADMITTING_CANCELLED,
+    (P.ADMITTING_CANCELLED, S.LEASE_LOST): P.ADMITTING_LOST,
+    (P.ADMITTING_CANCELLED, S.GIVEN_UP): P.DONE,
+    (P.ADMITTING_LOST, S.SLOT_ACQUIRED): P.ABANDONING,
+    (P.ADMITTING_LOST, S.SLOT_PARKED): P.DONE,
+    (P.ADMITTING_LOST, S.CANCEL): P.ADMITTING_LOST,
+    (P.ADMITTING_LOST, S.LEASE_LOST): P.ADMITTING_LOST,
+    (P.ADMITTING_LOST, S.GIVEN_UP): P.DONE,
     (P.RUNNING, S.ENDED): P.FINISHING,
-    (P.RUNNING, S.TIMEOUT): P.CANCELLING,
+    (P.RUNNING, S.TIMEOUT): P.TIMING_OUT,
     (P.RUNNING, S.CANCEL): P.CANCELLING,
     (P.RUNNING, S.LEASE_LOST): P.ABANDONING,
     (P.CANCELLING, S.ENDED): P.FINISHING,
-    (P.CANCELLING, S.TIMEOUT): P.CANCELLING,
     (P.CANCELLING, S.CANCEL): P.CANCELLING,
     (P.CANCELLING, S.LEASE_LOST): P.ABANDONING,
+    (P.TIMING_OUT, S.ENDED): P.FINISHING,
+    (P.TIMING_OUT, S.CANCEL): P.TIMING_OUT,
+    (P.TIMING_OUT, S.LEASE_LOST): P.ABANDONING,
     (P.ABANDONING, S.ENDED): P.DONE,
-    (P.ABANDONING, S.TIMEOUT): P.ABANDONING,
     (P.ABANDONING, S.CANCEL): P.ABANDONING,
     (P.ABANDONING, S.LEASE_LOST): P.ABANDONING,
     (P.FINISHING, S.RECORDED): P.DONE,
     (P.FINISHING, S.CANCEL): P.FINISHING,
-    (P.FINISHING, S.TIMEOUT): P.FINISHING,
     (P.FINISHING, S.LEASE_LOST): P.FINISHING,
-    (P.CLAIMING, S.GIVEN_UP): P.DONE,
-    (P.ADMITTING, S.GIVEN_UP): P.DONE,
     (P.FINISHING, S.GIVEN_UP): P.DONE,
 }
 
-#: phases in which this worker holds the delivery and must keep its lease
-HOLDING = frozenset(
-    {
-        P.ARRIVED,
-        P.CLAIMING,
-        P.ADMITTING,
-        P.RUNNING,
-        P.CANCELLING,
-        P.FINISHING,
-    }
-)
+#: phases whose lease (and slot) this worker renews: all but the ends.  A
+#: delivery lost while its claim or slot is out stays here until the store
+#: answers (the renewal then reports it lost again)
+HOLDING = frozenset(set(Phase) - {P.ABANDONING, P.DONE})
 
 #: phases in which the task function is running
-EXECUTING = frozenset({P.RUNNING, P.CANCELLING, P.ABANDONING})
+EXECUTING = frozenset({P.RUNNING, P.CANCELLING, P.TIMING_OUT, P.ABANDONING})
+
+#: phases in which a lost lease must still stop the function (``CancelTask``)
+STOPPABLE = EXECUTING - {P.ABANDONING}
 
 
 def advance(phase: Phase, step: Step) -> Phase:
@@ -128,3 +200,28 @@ def advance(phase: Phase, step: Step) -> Phase:
         return TRANSITIONS[(phase, step)]
     except KeyError:
         raise InvalidTransition(phase, step) from None
+
+
+def allows(phase: Phase, step: Step) -> bool:
+    """Whether the table has a row for ``step`` in ``phase``."""
+    return (phase, step) in TRANSITIONS
+
+
+def diagram() -> str:
+    """The table as text, one block per phase (as in this module's docstring)."""
+    name_width = max(len(phase.name) for phase in Phase) + 2
+    rows: list[tuple[str, str, str]] = []
+    for phase in Phase:
+        targets: dict[Phase, list[str]] = {}
+        for (source, step), target in TRANSITIONS.items():
+            if source is phase:
+                targets.setdefault(target, []).append(step.value)
+        stays = targets.pop(phase, None)
+        lines = [(" | ".join(steps), f"-> {target.name}") for target, steps in targets.items()]
+        if stays:
+            lines.append((" | ".join(stays), "(stays)"))
+        for index, (steps, where) in enumerate(lines or [("(final)", "")]):
+            rows.append((phase.name if index == 0 else "", steps, where))
+    steps_width = max(len(steps) for _, steps, _ in rows) + 2
+    text = (f"{name:<{name_width}} {steps:<{steps_width}}{where}" for name, steps, where in rows)
+    return "\n".join(line.rstrip() for line in text)

@@ -8,8 +8,13 @@ Times are floats of seconds since the epoch (wall clock), because a task's
 from __future__ import annotations
 
 import enum
+import math
 
 import attrs
+
+#: a task's progress total until it sets one (``Progress``, the stores'
+#: progress records; the Lua scripts repeat it as a literal)
+DEFAULT_PROGRESS_TOTAL = 100
 
 
 class ExecutionState(enum.Enum):
@@ -120,14 +125,15 @@ class RetryPolicy:
     """``Retry``/``ExponentialRetry`` reduced to numbers.
 
     ``attempts`` is the total number of attempts (``None`` retries forever).
-    The delay before attempt ``n + 1`` is ``delay * 2 ** (n - 1)`` capped at
-    ``maximum_delay`` when ``exponential``, else ``delay``.
+    ``decisions.retry_delay`` says how long to wait after each attempt:
+    ``delay``, or when ``exponential`` ``delay * 2 ** (n - 1)`` capped at
+    ``maximum_delay`` (uncapped by default).
     """
 
     attempts: int | None
     delay: float
     exponential: bool = False
-    maximum_delay: float = 0.0
+    maximum_delay: float = math.inf
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -197,7 +203,7 @@ class ProgressRecord:
     """A running task's progress as reported through ``Progress``."""
 
     current: int = 0
-    total: int = 100
+    total: int = DEFAULT_PROGRESS_TOTAL
     message: str | None = None
     updated_at: float | None = None
 

@@ -12,18 +12,24 @@ The machine decides its own reads (``Read``, answered by ``ReadDone`` or
 or an error: its ``Outbox`` (``outbox.py``) sends it again, gives it up or
 declares it fatal.  A worker that cannot renew its leases for
 ``fence_after`` stops those runs itself, before another worker may take them.
+
+Any exception out of ``receive`` or ``store_replied`` is docket's bug
+(``InvalidTransition``, ``InternalError``) or a misuse (an input it does not
+take), and may have left the machine half-way: as h11's connections do, the
+machine then refuses everything (``receive``, ``store_replied``, ``effects``)
+with an ``InternalError`` naming that first error.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import lifecycle
 from .decisions import plan_bury, plan_end, plan_reject
 from .effects import (
     AcquireSlot,
-    CancelTask,
     Claim,
     ClaimItem,
     Effect,
@@ -35,19 +41,20 @@ from .effects import (
     Schedule,
     SeedPerpetuals,
     StartTask,
+    StopReason,
     StoreEffect,
 )
-from .errors import UsageError
-from .flight import InFlight, WorkerConfig
+from .errors import InternalError
+from .flight import Count, InFlight, WorkerConfig
 from .inputs import (
     Arrival,
     Buried,
     CancelRequested,
-    ClaimDone,
+    Claimed,
     ClaimVerdict,
     DeadlineExtended,
     Delivered,
-    FinishDone,
+    Finished,
     Input,
     LeasesRenewed,
     Outcome,
@@ -56,7 +63,7 @@ from .inputs import (
     ReplyLost,
     Scheduled,
     ShutdownRequested,
-    SlotDone,
+    SlotAcquired,
     StoreFailed,
     TaskEnded,
     TaskOutcome,
@@ -64,10 +71,16 @@ from .inputs import (
 )
 from .lifecycle import Phase, Step
 from .outbox import Outbox
+from .stopping import stop_task, timed_out_end
 from .values import HeldSlot
 
-#: phases a delivery may be in while its store effect is unanswered
-_GIVEN_UP_PHASES = frozenset({Phase.CLAIMING, Phase.ADMITTING, Phase.FINISHING})
+# the members every run meets, bound once: on Python 3.11 looking a member
+# up on its enum class costs several times a global's lookup
+_RUNNING, _TIMING_OUT = Phase.RUNNING, Phase.TIMING_OUT
+_DELIVERED, _REDELIVERED, _STARTED = Count.DELIVERED, Count.REDELIVERED, Count.STARTED
+#: the counter of each way a run ends, and of each claim that lost
+_ENDED = {outcome: Count(outcome.value) for outcome in TaskOutcome}
+_LOST = {v: Count(v.value) for v in ClaimVerdict if v is not ClaimVerdict.CLAIMED}
 
 
 class WorkerMachine:
@@ -76,7 +89,7 @@ class WorkerMachine:
     def __init__(self, config: WorkerConfig, now: float) -> None:
         self.config = config
         self.in_flight: dict[str, InFlight] = {}
-        self.counters: Counter[str] = Counter()
+        self.counters: Counter[Count] = Counter()
         self._effects: list[Effect] = []
         self._next_renewal = now + config.renew_interval
         #: the ``now`` of the last renewal the store confirmed (or of a moment
@@ -106,6 +119,8 @@ class WorkerMachine:
         self._next_due: float | None = None
         #: ``until_finished`` and nothing was left: the worker stops
         self.finished = False
+        #: the exception that failed this machine: it takes no more input
+        self.failed: BaseException | None = None
 
     # -- queries -------------------------------------------------------------
 
@@ -158,6 +173,8 @@ class WorkerMachine:
     def effects(self) -> list[Effect]:
         """Drain the effects produced so far (swap and return).  While a
         failed batch waits to be sent again, store effects are held back."""
+        if self.failed is not None:
+            self._refuse()
         out, self._effects = self.outbox.hold_back(self._effects)
         return out
 
@@ -165,10 +182,23 @@ class WorkerMachine:
 
     def receive(self, event: Input) -> None:
         """Take one input from the runtime."""
-        self._receive(event)
-        now: float | None = getattr(event, "now", None)
-        if now is not None:
-            self._maybe_read(now)
+        if self.failed is not None:
+            self._refuse()
+        try:
+            self._receive(event)
+            now: float | None = getattr(event, "now", None)
+            if now is not None:
+                self._maybe_read(now)
+        except BaseException as error:
+            self.failed = error
+            raise
+
+    def _refuse(self) -> NoReturn:
+        error = self.failed
+        raise InternalError(
+            f"the worker machine failed earlier and takes no more input: "
+            f"{type(error).__name__}: {error}"
+        ) from error
 
     def _receive(self, event: Input) -> None:
         if type(event) is TaskEnded:
@@ -194,7 +224,7 @@ class WorkerMachine:
             self._read_done(event)
         elif type(event) is ReadFailed:
             assert isinstance(event, ReadFailed)
-            self.counters["store_errors"] += 1
+            self.counters[Count.STORE_ERRORS] += 1
             self._reading = False
             self._recover = True
             self._read_at = event.now + self.config.retry_delay
@@ -209,19 +239,30 @@ class WorkerMachine:
         self, effects: Sequence[StoreEffect], outcomes: Sequence[Outcome], now: float
     ) -> None:
         """Take the outcomes of store effects this machine produced, in order."""
+        if self.failed is not None:
+            self._refuse()
+        try:
+            self._store_replied(effects, outcomes, now)
+        except BaseException as error:
+            self.failed = error
+            raise
+
+    def _store_replied(
+        self, effects: Sequence[StoreEffect], outcomes: Sequence[Outcome], now: float
+    ) -> None:
         self.outbox.replied(effects)
         for effect, outcome in zip(effects, outcomes, strict=True):
             kind = type(outcome)
-            if kind is FinishDone or kind is Scheduled:
+            if kind is Finished or kind is Scheduled:
                 self._recorded(effect, now)
             elif kind is Buried:
                 assert isinstance(outcome, Buried)
-                self.counters["dead_lettered" if outcome.moved else "bury_lost"] += 1
-            elif kind is ClaimDone:
-                assert isinstance(outcome, ClaimDone)
+                self.counters[Count.DEAD_LETTERED if outcome.moved else Count.BURY_LOST] += 1
+            elif kind is Claimed:
+                assert isinstance(outcome, Claimed)
                 self._claimed(outcome, now)
-            elif kind is SlotDone:
-                assert isinstance(outcome, SlotDone)
+            elif kind is SlotAcquired:
+                assert isinstance(outcome, SlotAcquired)
                 self._slot(outcome, now)
             elif kind is LeasesRenewed:
                 assert isinstance(outcome, LeasesRenewed) and isinstance(effect, RenewLeases)
@@ -273,7 +314,7 @@ class WorkerMachine:
         self._next_due = event.next_due
         for entry in event.malformed:
             # never run, never retried: set aside with the reason
-            self.counters["malformed"] += 1
+            self.counters[Count.MALFORMED] += 1
             bury = plan_bury(
                 worker=self.config.name,
                 entry=entry,
@@ -303,7 +344,7 @@ class WorkerMachine:
                 renewed_at=event.now,
             )
             self.in_flight[delivery.delivery_id] = flight
-            self.counters["redelivered" if delivery.redelivered else "delivered"] += 1
+            self.counters[_REDELIVERED if delivery.redelivered else _DELIVERED] += 1
             if arrival.problem is not None or arrival.struck:
                 self._reject(flight, arrival, event.now)
                 continue
@@ -327,7 +368,7 @@ class WorkerMachine:
 
     def _reject(self, flight: InFlight, arrival: Arrival, now: float) -> None:
         flight.phase = lifecycle.advance(flight.phase, Step.REJECT)
-        self.counters["failed" if arrival.problem is not None else "struck"] += 1
+        self.counters[Count.FAILED if arrival.problem is not None else Count.STRUCK] += 1
         self._effects.append(
             plan_reject(
                 delivery_id=flight.delivery_id,
@@ -339,19 +380,19 @@ class WorkerMachine:
             )
         )
 
-    def _claimed(self, outcome: ClaimDone, now: float) -> None:
+    def _claimed(self, outcome: Claimed, now: float) -> None:
         for delivery_id, verdict in outcome.verdicts:
             flight = self.in_flight.get(delivery_id)
             if flight is None:
                 continue
             if verdict is not ClaimVerdict.CLAIMED:
-                self.counters[verdict.value] += 1
+                self.counters[_LOST[verdict]] += 1
                 flight.phase = lifecycle.advance(flight.phase, Step.CLAIM_LOST)
                 del self.in_flight[delivery_id]
                 continue
             limit = flight.policy.concurrency
-            if limit is None or flight.cancel_reason is not None:
-                self._start(flight, Step.CLAIMED, now)
+            if limit is None or flight.phase is not Phase.CLAIMING:
+                self._start(flight, Step.CLAIMED, now)  # (a stopped one never starts)
                 continue
             flight.phase = lifecycle.advance(flight.phase, Step.CLAIMED_LIMITED)
             self._effects.append(
@@ -368,7 +409,7 @@ class WorkerMachine:
                 )
             )
 
-    def _slot(self, outcome: SlotDone, now: float) -> None:
+    def _slot(self, outcome: SlotAcquired, now: float) -> None:
         flight = self.in_flight.get(outcome.delivery_id)
         if flight is None:
             return
@@ -382,19 +423,16 @@ class WorkerMachine:
             flight.slot = flight.policy.concurrency.limit_key
             self._start(flight, Step.SLOT_ACQUIRED, now)
         else:
-            self.counters["parked"] += 1
+            self.counters[Count.PARKED] += 1
             flight.phase = lifecycle.advance(flight.phase, Step.SLOT_PARKED)
             del self.in_flight[outcome.delivery_id]
 
     def _start(self, flight: InFlight, step: Step, now: float) -> None:
         flight.phase = lifecycle.advance(flight.phase, step)
         flight.started_at = now
-        reason = flight.cancel_reason
-        if reason is not None:
+        if flight.phase is not _RUNNING:
             # cancelled, or taken over by another worker, while it was being
             # claimed or admitted: it never starts, and it ends as it would have
-            step = Step.LEASE_LOST if reason == "lease-lost" else Step.CANCEL
-            flight.phase = lifecycle.advance(flight.phase, step)
             self._task_ended(
                 TaskEnded(delivery_id=flight.delivery_id, now=now, outcome=TaskOutcome.CANCELLED)
             )
@@ -402,13 +440,13 @@ class WorkerMachine:
         if flight.policy.timeout is not None:
             flight.deadline = now + flight.policy.timeout
             self._timeouts += 1
-        self.counters["started"] += 1
+        self.counters[_STARTED] += 1
         self._effects.append(StartTask(delivery_id=flight.delivery_id))
 
     def _task_ended(self, event: TaskEnded) -> None:
         flight = self.in_flight.get(event.delivery_id)
         if flight is None:
-            raise UsageError(f"no task runs for delivery {event.delivery_id!r}")
+            raise InternalError(f"no task runs for delivery {event.delivery_id!r}")
         if flight.deadline is not None:
             self._timeouts -= 1
             flight.deadline = None
@@ -416,15 +454,14 @@ class WorkerMachine:
         if flight.phase is Phase.ABANDONING:
             flight.phase = lifecycle.advance(flight.phase, Step.ENDED)
             del self.in_flight[event.delivery_id]
-            self.counters["abandoned"] += 1
+            self.counters[Count.ABANDONED] += 1
             if release is not None:
                 self._effects.append(release)
             self._maybe_goodbye(event.now)
             return
         outcome, error = event.outcome, event.error
-        if flight.cancel_reason == "timeout" and outcome is TaskOutcome.CANCELLED:
-            outcome = TaskOutcome.FAILED
-            error = f"TimeoutError: task exceeded its timeout of {flight.policy.timeout}s"
+        if flight.phase is _TIMING_OUT:
+            outcome, error = timed_out_end(event, flight.policy)
         flight.phase = lifecycle.advance(flight.phase, Step.ENDED)
         effect = plan_end(
             delivery_id=flight.delivery_id,
@@ -439,9 +476,9 @@ class WorkerMachine:
         )
         if isinstance(effect, Schedule):
             retrying = effect.message.attempt > flight.message.attempt
-            self.counters["retried" if retrying else "perpetuated"] += 1
+            self.counters[Count.RETRIED if retrying else Count.PERPETUATED] += 1
         else:
-            self.counters[outcome.value] += 1
+            self.counters[_ENDED[outcome]] += 1
         # the outcome first, then the release (same round trip): a waiter woken
         # by the release then sees this run's record already concluded
         self._effects.append(effect)
@@ -482,28 +519,23 @@ class WorkerMachine:
             if event.generation is not None and flight.message.generation >= event.generation:
                 continue  # added again after the cancel
             was_running = flight.phase is Phase.RUNNING
-            if flight.phase in (Phase.CLAIMING, Phase.ADMITTING) and flight.cancel_reason is None:
-                flight.cancel_reason = "cancelled"  # remembered until the store answers
             flight.phase = lifecycle.advance(flight.phase, Step.CANCEL)
             if was_running:
-                flight.cancel_reason = "cancelled"
-                self._effects.append(CancelTask(delivery_id=flight.delivery_id, reason="cancelled"))
+                stop = stop_task(flight.delivery_id, StopReason.CANCELLED, flight.message)
+                self._effects.append(stop)
 
     def _lease_lost(self, delivery_id: str) -> None:
         flight = self.in_flight.get(delivery_id)
         if flight is None:
             return
-        was_executing = flight.phase in lifecycle.EXECUTING
-        if flight.phase in (Phase.CLAIMING, Phase.ADMITTING):
-            flight.cancel_reason = "lease-lost"  # remembered until the store answers
+        was_stoppable = flight.phase in lifecycle.STOPPABLE
         flight.phase = lifecycle.advance(flight.phase, Step.LEASE_LOST)
-        self.counters["lease_lost"] += 1
-        if was_executing and flight.cancel_reason != "lease-lost":
-            flight.cancel_reason = "lease-lost"
-            self._effects.append(CancelTask(delivery_id=delivery_id, reason="lease-lost"))
+        self.counters[Count.LEASE_LOST] += 1
+        if was_stoppable:
+            self._effects.append(stop_task(delivery_id, StopReason.LEASE_LOST, flight.message))
 
     def _store_failed(self, event: ReplyLost | StoreFailed) -> None:
-        self.counters["store_errors"] += 1
+        self.counters[Count.STORE_ERRORS] += 1
         given_up = self.outbox.failed(event)
         if given_up:
             self._give_up(given_up, event.now)
@@ -511,7 +543,7 @@ class WorkerMachine:
     def _give_up(self, effects: Sequence[StoreEffect], now: float) -> None:
         """Leave the deliveries of a batch the store never answered to the
         store: it hands them out again once their leases lapse."""
-        self.counters["given_up"] += len(effects)
+        self.counters[Count.GIVEN_UP] += len(effects)
         for effect in effects:
             if isinstance(effect, Claim):
                 ids: tuple[str | None, ...] = tuple(item.delivery_id for item in effect.items)
@@ -523,7 +555,7 @@ class WorkerMachine:
                 continue  # a release, renewal or heartbeat: leases settle it
             for delivery_id in ids:
                 flight = self.in_flight.get(delivery_id) if delivery_id else None
-                if flight is not None and flight.phase in _GIVEN_UP_PHASES:
+                if flight is not None and lifecycle.allows(flight.phase, Step.GIVEN_UP):
                     flight.phase = lifecycle.advance(flight.phase, Step.GIVEN_UP)
                     del self.in_flight[flight.delivery_id]
         self._maybe_goodbye(now)
@@ -543,7 +575,7 @@ class WorkerMachine:
             return
         for flight in list(self.in_flight.values()):
             if flight.renewed_at <= stale_before and flight.phase in lifecycle.HOLDING:
-                self.counters["fenced"] += 1
+                self.counters[Count.FENCED] += 1
                 flight.slot = None
                 self._lease_lost(flight.delivery_id)
 
@@ -562,11 +594,9 @@ class WorkerMachine:
                     and flight.deadline <= now
                 ):
                     flight.phase = lifecycle.advance(flight.phase, Step.TIMEOUT)
-                    flight.cancel_reason = "timeout"
-                    self.counters["timed_out"] += 1
-                    self._effects.append(
-                        CancelTask(delivery_id=flight.delivery_id, reason="timeout")
-                    )
+                    self.counters[Count.TIMED_OUT] += 1
+                    stop = stop_task(flight.delivery_id, StopReason.TIMEOUT, flight.message)
+                    self._effects.append(stop)
         if self.in_flight and now >= self._next_renewal:
             self._renew(now)
         elif not self.in_flight and now >= self._next_renewal:

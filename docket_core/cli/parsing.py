@@ -1,10 +1,5 @@
-"""The ``docket`` command line.
-
-``docket worker`` runs a worker (optionally serving a healthcheck and
-Prometheus metrics); ``strike``, ``restore``, ``clear``, ``snapshot``,
-``workers ls|for-task``, ``watch`` and ``tasks`` inspect or steer a docket
-that lives in a shared store (``cli_commands``).  Built on argparse, so it
-needs nothing beyond docket itself.
+"""Reading the ``docket`` command line: argument types, environment defaults
+and the argument parser.
 
 Options that configure a worker or pick a docket can also come from the
 environment (``DOCKET_URL``, ``DOCKET_NAME``, ``DOCKET_TASKS``,
@@ -15,25 +10,15 @@ over its variable.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import re
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import Any
 
-from .sansio.errors import DocketError, UsageError
-from .sansio.strikes import Operator
+from ..sansio.strikes import Operator
 
-if TYPE_CHECKING:
-    pass
-
-__all__ = ["build_parser", "main", "parse_duration", "parse_value"]
-
-T = TypeVar("T")
-
-MEMORY_ONLY_IN_PROCESS = "memory:// dockets live inside one process; use a redis:// URL for the CLI"
+__all__ = ["LOGGING_LEVELS", "build_parser", "parse_duration", "parse_value", "wildcard"]
 
 LOGGING_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -100,7 +85,7 @@ def parse_value(text: str) -> Any:
         raise ValueError(f"invalid {prefix} value {rest!r} in {text!r}") from None
 
 
-def _wildcard(text: str | None) -> str | None:
+def wildcard(text: str | None) -> str | None:
     """``*`` or an empty string means "any"."""
     if text is None or text.strip() in ("", "*"):
         return None
@@ -360,104 +345,3 @@ def build_parser() -> argparse.ArgumentParser:
         _add_docket_options(builtin)
 
     return parser
-
-
-# -- commands ----------------------------------------------------------------------------------
-
-
-def _is_memory(url: str) -> bool:
-    return url.strip().lower().startswith("memory://")
-
-
-def _split_tasks(values: Sequence[str] | None) -> list[str]:
-    raw = list(values) if values else [os.environ.get("DOCKET_TASKS", "")]
-    return [part.strip() for value in raw for part in value.split(",") if part.strip()]
-
-
-def _command_version(out: TextIO) -> int:
-    from . import __version__
-
-    print(__version__, file=out)
-    return 0
-
-
-def _command_worker(args: argparse.Namespace) -> int:
-    from functools import partial
-
-    import anyio
-
-    from . import Worker
-
-    logging.basicConfig(
-        level=getattr(logging, args.logging_level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    run = partial(
-        Worker.run,
-        docket_name=args.docket,
-        url=args.url,
-        name=args.name,
-        concurrency=args.concurrency,
-        redelivery_timeout=args.redelivery_timeout,
-        reconnection_delay=args.reconnection_delay,
-        minimum_check_interval=args.minimum_check_interval,
-        scheduling_resolution=args.scheduling_resolution,
-        schedule_automatic_tasks=args.schedule_automatic_tasks,
-        until_finished=args.until_finished,
-        healthcheck_port=int(args.healthcheck_port) if args.healthcheck_port else None,
-        metrics_port=int(args.metrics_port) if args.metrics_port else None,
-        tasks=_split_tasks(args.tasks),
-        fallback_task=args.fallback_task or None,
-    )
-    anyio.run(run)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the ``docket`` command; returns the exit status."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as stop:
-        code = stop.code
-        return code if isinstance(code, int) else (0 if code is None else 2)
-
-    out = sys.stdout
-    command: str = args.command
-    if command == "version":
-        return _command_version(out)
-
-    if command != "worker" and _is_memory(args.url):
-        print(f"docket {command}: {MEMORY_ONLY_IN_PROCESS}", file=sys.stderr)
-        return 2
-
-    from . import cli_commands as commands
-
-    try:
-        if command == "worker":
-            return _command_worker(args)
-        if command in ("strike", "restore"):
-            return commands.command_strike(args, out, restore=command == "restore")
-        if command == "clear":
-            return commands.command_clear(args, out)
-        if command == "snapshot":
-            return commands.command_snapshot(args, out)
-        if command == "dead-letters":
-            return commands.command_dead_letters(args, out)
-        if command == "workers":
-            if args.workers_command == "for-task":
-                return commands.command_workers_for_task(args, out)
-            return commands.command_workers_ls(args, out)
-        if command == "watch":
-            return commands.command_watch(args, out)
-        if command == "tasks":
-            return commands.command_tasks(args, out)
-    except UsageError as error:
-        print(f"docket {command}: {error}", file=sys.stderr)
-        return 2
-    except DocketError as error:
-        print(f"docket {command}: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    raise AssertionError(f"unhandled command {command!r}")  # argparse only allows known ones

@@ -1,6 +1,7 @@
 """The ``docket`` commands that inspect or steer a docket in a shared store:
-``strike``, ``restore``, ``clear``, ``snapshot``, ``workers``, ``watch`` and
-``tasks``.  ``cli`` parses the command line and dispatches here."""
+``strike``, ``restore``, ``clear``, ``snapshot``, ``dead-letters``, ``workers``,
+``watch`` and ``tasks``.  ``docket_core.cli`` parses the command line and
+dispatches here."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
-from .cli import _wildcard, parse_value
-from .sansio.errors import UsageError
-from .sansio.strikes import Operator
-from .sansio.values import ExecutionState
+from ..adapter import ProgressEvent, StateEvent, StoreEvent
+from ..sansio.errors import UsageError
+from ..sansio.strikes import Operator
+from ..sansio.values import ExecutionState
+from .parsing import parse_value, wildcard
 
 if TYPE_CHECKING:
-    from . import Docket
-    from .docket import WorkerInfo
+    from ..docket import Docket, WorkerInfo
 
 T = TypeVar("T")
 
@@ -25,7 +26,7 @@ def with_docket(args: argparse.Namespace, body: Callable[[Docket], Awaitable[T]]
     """Open the docket named by ``args``, run ``body`` on it, return its result."""
     import anyio
 
-    from . import Docket
+    from ..docket import Docket
 
     async def run() -> T:
         async with Docket(name=args.docket, url=args.url) as docket:
@@ -35,8 +36,8 @@ def with_docket(args: argparse.Namespace, body: Callable[[Docket], Awaitable[T]]
 
 
 def _strike_arguments(args: argparse.Namespace) -> tuple[str | None, str | None, str, Any]:
-    function = _wildcard(args.function)
-    parameter = _wildcard(args.parameter)
+    function = wildcard(args.function)
+    parameter = wildcard(args.parameter)
     if function is None and parameter is None:
         raise UsageError("name a task, a parameter, or both ('*' stands for any)")
     if parameter is None:
@@ -171,12 +172,9 @@ def command_dead_letters(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError("name dead letter ids or --all, not both")
 
     async def act(docket: Docket) -> int:
-        ids: list[str] = list(args.ids)
+        ids: list[str] | None = None if args.all else list(args.ids)
         if args.dead_command == "drop":
-            return await docket.drop_dead_letters(None if args.all else ids)
-        if args.all:
-            _, letters = await docket.dead_letters(limit=100_000)
-            ids = [letter.entry_id for letter in letters]
+            return await docket.drop_dead_letters(ids)
         return await docket.replay_dead_letters(ids)
 
     count = with_docket(args, act)
@@ -211,17 +209,17 @@ def command_workers_for_task(args: argparse.Namespace, out: TextIO) -> int:
 # -- watch and the built-in tasks ------------------------------------------------------------
 
 
-def _describe_event(event: dict[str, Any]) -> str | None:
-    if event.get("type") == "progress":
-        if not event.get("current") and not event.get("message"):
+def _describe_event(event: StoreEvent) -> str | None:
+    if isinstance(event, ProgressEvent):
+        if not event.current and not event.message:
             return None
-        text = f"progress {event.get('current', 0)}/{event.get('total', 100)}"
-        return f"{text} {event['message']}" if event.get("message") else text
-    text = f"state {event.get('state')}"
-    if event.get("worker"):
-        text += f" on {event['worker']}"
-    if event.get("error"):
-        text += f": {event['error']}"
+        text = f"progress {event.current}/{event.total}"
+        return f"{text} {event.message}" if event.message else text
+    text = f"state {event.state.value}"
+    if event.worker:
+        text += f" on {event.worker}"
+    if event.error:
+        text += f": {event.error}"
     return text
 
 
@@ -237,7 +235,7 @@ def command_watch(args: argparse.Namespace, out: TextIO) -> int:
             raise UsageError(f"docket {docket.name!r} has no execution {args.key!r}")
         shown: list[str] = []
 
-        def show(event: dict[str, Any]) -> None:
+        def show(event: StoreEvent) -> None:
             line = _describe_event(event)
             if line is not None and (not shown or shown[-1] != line):
                 shown.append(line)
@@ -247,7 +245,7 @@ def command_watch(args: argparse.Namespace, out: TextIO) -> int:
         async with anyio.create_task_group() as group:
 
             async def follow() -> None:
-                async for event in execution.subscribe():
+                async for event in execution.events():
                     show(event)
                     if execution.state.terminal:
                         group.cancel_scope.cancel()
@@ -258,7 +256,7 @@ def command_watch(args: argparse.Namespace, out: TextIO) -> int:
                     await anyio.sleep(poll)
                     await execution.sync()
                     if execution.state.terminal:
-                        show({"type": "state", "state": execution.state.value})
+                        show(StateEvent(key=execution.key, state=execution.state))
                         group.cancel_scope.cancel()
 
             group.start_soon(follow)

@@ -1,0 +1,59 @@
+"""One progress default: ``DEFAULT_PROGRESS_TOTAL`` is the total a task's
+progress starts with, whoever reports it (``Progress``, the records of every
+store, the Lua scripts' literal)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from helpers import make_worker
+
+from docket_core import Docket, Progress
+from docket_core.lua.entries import parse_progress
+from docket_core.sansio.values import DEFAULT_PROGRESS_TOTAL, ProgressRecord
+
+pytestmark = pytest.mark.anyio
+
+LUA = Path(__file__).resolve().parents[2] / "docket_core" / "lua"
+
+
+def test_the_records_and_the_dependency_start_at_the_default() -> None:
+    assert ProgressRecord().total == DEFAULT_PROGRESS_TOTAL
+    assert Progress().total == DEFAULT_PROGRESS_TOTAL  # type: ignore[attr-defined]
+
+
+def test_a_stored_record_without_a_total_reads_as_the_default() -> None:
+    record = parse_progress([b"current", b"3"])
+    assert record is not None and record.total == DEFAULT_PROGRESS_TOTAL
+
+
+@pytest.mark.parametrize(
+    ("script", "pattern"),
+    [
+        ("claim.lua", r"'current', 0, 'total', (\d+)\)"),
+        ("progress.lua", r"r\[2\] or '(\d+)'"),
+    ],
+)
+def test_the_lua_literals_are_the_constant(script: str, pattern: str) -> None:
+    source = (LUA / script).read_text()
+    literals = re.findall(pattern, source)
+    assert literals and {int(n) for n in literals} == {DEFAULT_PROGRESS_TOTAL}
+    assert "DEFAULT_PROGRESS_TOTAL" in source
+
+
+@pytest.mark.backends("memory-asyncio")
+async def test_a_claimed_execution_reports_the_default(docket: Docket) -> None:
+    seen: list[int] = []
+
+    async def task() -> None:
+        execution = await docket.get_execution("watched")
+        assert execution is not None
+        seen.append(execution.progress.total)
+
+    execution = await docket.add(task, key="watched")()
+    assert execution.progress.total == DEFAULT_PROGRESS_TOTAL
+    async with make_worker(docket) as worker:
+        await worker.run_until_finished()
+    assert seen == [DEFAULT_PROGRESS_TOTAL]
