@@ -1,12 +1,18 @@
-"""Shared fixtures, and the contract suite's backends.
+"""Shared fixtures: the backends, their private servers, and a Docket on each.
 
 A test that uses ``docket``, ``make_docket`` or ``docket_url`` runs against
-every backend: memory (asyncio and trio), redis-py on a private redis-server
-and on a private valkey-server (asyncio: redis-py has no trio support), and
-GLIDE on both servers (asyncio and trio).  Other async tests run on memory
-under asyncio and trio.  The servers are started by this session on free
-loopback ports and stopped at its end; outside CI a missing server binary
-skips its cases with the reason, under ``CI=true`` it fails them.
+every backend of ``backends.CONTRACT_BACKENDS``: memory (asyncio and trio),
+redis-py on a private redis-server and on a private valkey-server (asyncio:
+redis-py has no trio support), and GLIDE on both servers (asyncio and trio).
+Other async tests run on memory under asyncio and trio.
+``@pytest.mark.backends(*names)`` narrows a test or a module to the backends
+it names.  The servers are started by this session on free loopback ports and
+stopped at its end; outside CI a missing server binary skips its cases with
+the reason, under ``CI=true`` it fails them.
+
+The directories say what a test covers (``tests/README.md``); the helper
+modules here (``backends``, ``helpers``, ``machines``, ``servers``) are
+importable from every one of them (``pythonpath`` in ``pyproject.toml``).
 """
 
 from __future__ import annotations
@@ -15,23 +21,14 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from backends import CONTRACT_BACKENDS, MEMORY_BACKENDS
 from servers import Server, redis_server_binary, valkey_server_binary
 
-from docket_core import Docket, Worker
+from docket_core import Docket
 
-MEMORY_BACKENDS = ["memory-asyncio", "memory-trio"]
-CONTRACT_BACKENDS = [
-    *MEMORY_BACKENDS,
-    "redis-asyncio",
-    "valkey-asyncio",
-    "glide_valkey-asyncio",
-    "glide_valkey-trio",
-    "glide_redis-asyncio",
-]
 _DOCKET_FIXTURES = {"docket", "make_docket", "docket_url"}
 
 
@@ -130,25 +127,6 @@ async def make_docket(docket_url: str) -> AsyncIterator[Callable[..., Any]]:
 
 
 @pytest.fixture
-def now() -> Callable[[], datetime]:
-    def _now() -> datetime:
-        return datetime.now(UTC)
-
-    return _now
-
-
-@pytest.fixture
 async def docket(make_docket: Callable[..., Any]) -> Docket:
     entered: Docket = await make_docket()
     return entered
-
-
-@pytest.fixture
-async def worker(docket: Docket) -> AsyncIterator[Worker]:
-    async with Worker(
-        docket,
-        name=f"worker-{uuid.uuid4().hex[:8]}",
-        minimum_check_interval=timedelta(milliseconds=5),
-        scheduling_resolution=timedelta(milliseconds=5),
-    ) as entered:
-        yield entered

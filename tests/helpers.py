@@ -1,14 +1,16 @@
-"""Small helpers shared by the end-to-end tests."""
+"""Small helpers shared by the end-to-end tests (any directory)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
+import redis
+from servers import Server
 
 from docket_core import Docket, Execution, Worker
 from docket_core.sansio.effects import AcquireSlot, Claim, ClaimItem
@@ -16,6 +18,10 @@ from docket_core.sansio.inputs import Claimed, ClaimVerdict
 from docket_core.sansio.values import Delivery
 
 Now = Callable[[], datetime]
+
+#: ``await assert_no_slot_left(docket, task, max_concurrent, **argument)``
+#: (the fixture of tests/contract/conftest.py)
+NoSlotLeft = Callable[..., Awaitable[None]]
 
 FAST = timedelta(milliseconds=5)
 
@@ -88,3 +94,20 @@ def acquisition(
         message=delivery.message,
         **options,
     )
+
+
+def server_keys_left(server: Server, name: str) -> dict[str, int]:
+    """The docket's slot and wait keys on the server that still hold members."""
+    client = redis.Redis(host="127.0.0.1", port=server.port)  # sync: works under trio too
+    try:
+        prefix = "{" + name + "}:"
+        left: dict[str, int] = {}
+        for raw in client.scan_iter(match=prefix + "slots:*", count=1000):
+            left[raw.decode()] = int(client.zcard(raw))
+        for raw in client.scan_iter(match=prefix + "wait:*", count=1000):
+            left[raw.decode()] = int(client.llen(raw))
+        for name in ("waiting", "parked"):
+            left[prefix + name] = int(client.scard(prefix + name))
+        return {key: n for key, n in left.items() if n}
+    finally:
+        client.close()

@@ -5,7 +5,7 @@ perpetual follow-ups), results and exceptions are signed; a message whose
 payload is unsigned or signed with another key ends FAILED with the reason,
 without being unpickled; a result that is not signed with the reader's keys
 raises ``SignatureError`` from ``get_result``.  Strikes are covered in
-``test_poison_strikes.py``.
+``tests/store/test_poison_strikes.py``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ until finished is done."""
 
 from __future__ import annotations
 
-from test_core_worker_machine import arrival, make_machine, of_type
+from machines import arrival, make_machine, of_type
 
 from docket_core.sansio.effects import Claim, Heartbeat, Read
 from docket_core.sansio.inputs import (

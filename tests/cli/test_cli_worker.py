@@ -1,4 +1,6 @@
-"""``docket worker`` and the inspection commands, against real servers."""
+"""``docket worker`` and the inspection commands, against real servers: a
+worker subprocess drains, lists itself, answers its healthcheck and serves its
+metrics to Prometheus."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from servers import free_port
 
 from docket_core import Disposition, Docket, ExecutionState, Progress, Worker
 
@@ -234,3 +237,44 @@ async def test_the_worker_answers_its_healthcheck(docket: Docket, docket_url: st
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr
+
+
+# -- the worker command serves Prometheus ---------------------------------------------------
+
+
+@pytest.mark.backends("redis-asyncio")
+async def test_the_worker_command_serves_metrics_to_prometheus(
+    docket: Docket, docket_url: str
+) -> None:
+    from cli_tasks import record_pid
+
+    docket.register(record_pid)
+    executions = [await docket.add(record_pid)(n) for n in range(5)]
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    command = [
+        *(sys.executable, "-m", "docket_core", "worker"),
+        *("--url", docket_url, "--docket", docket.name, "--tasks", "cli_tasks:tasks"),
+        *("--metrics-port", str(port), "--minimum-check-interval", "10ms"),
+    ]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        with anyio.fail_after(30):
+            for execution in executions:
+                while (stored := await docket.get_execution(execution.key)) is None or (
+                    stored.state is not ExecutionState.COMPLETED
+                ):
+                    await anyio.sleep(0.05)
+        url = f"http://127.0.0.1:{port}/metrics"
+        body = await anyio.to_thread.run_sync(lambda: urllib.request.urlopen(url).read().decode())
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    started = [
+        line
+        for line in body.splitlines()
+        if line.startswith("docket_tasks_started") and f'docket_name="{docket.name}"' in line
+    ]
+    assert started and started[0].endswith(" 5.0"), body
+    assert "docket_task_duration" in body

@@ -45,9 +45,15 @@ from docket_redis import RedisStore
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends("memory-asyncio")]
 
-SERVER_BACKENDS = ["redis-asyncio", "valkey-asyncio", "glide_redis-asyncio", "glide_valkey-asyncio"]
+#: the servers behind each client, under asyncio
+ASYNCIO_SERVER_BACKENDS = [
+    "redis-asyncio",
+    "valkey-asyncio",
+    "glide_redis-asyncio",
+    "glide_valkey-asyncio",
+]
 GLIDE_BACKENDS = ["glide_redis-asyncio", "glide_valkey-asyncio"]
-README = Path(__file__).parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _missing(what: str) -> None:
@@ -169,7 +175,7 @@ def acl_users(backend: str, server_for: Callable[[], Server | None]) -> Iterator
     users.admin.close()
 
 
-@pytest.mark.backends(*SERVER_BACKENDS)
+@pytest.mark.backends(*ASYNCIO_SERVER_BACKENDS)
 async def test_the_readme_acl_runs_a_docket(acl_users: AclUsers) -> None:
     user = acl_users.make()
     acl_users.admin.script_flush()  # as after a restart: the scripts get loaded again
@@ -184,7 +190,7 @@ def test_the_readme_acl_allows_every_command_the_scripts_run() -> None:
     assert used - allowed == set()
 
 
-@pytest.mark.backends(*SERVER_BACKENDS)
+@pytest.mark.backends(*ASYNCIO_SERVER_BACKENDS)
 async def test_a_refused_command_is_named(acl_users: AclUsers) -> None:
     user = acl_users.make(without=("+xrange",))
     with pytest.raises(StoreError, match=r"ACL refused the command 'XRANGE'"):
@@ -192,7 +198,7 @@ async def test_a_refused_command_is_named(acl_users: AclUsers) -> None:
             await docket.strike("anything")  # reads the strikes first
 
 
-@pytest.mark.backends(*SERVER_BACKENDS)
+@pytest.mark.backends(*ASYNCIO_SERVER_BACKENDS)
 async def test_a_command_refused_inside_a_script_is_named(
     acl_users: AclUsers, backend: str
 ) -> None:

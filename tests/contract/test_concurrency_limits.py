@@ -16,9 +16,8 @@ from typing import Annotated, Any
 
 import anyio
 import pytest
-import redis
 from anyio.abc import TaskGroup
-from helpers import acquisition, claim_as
+from helpers import NoSlotLeft, acquisition, claim_as, server_keys_left
 from servers import Server
 
 from docket_core import (
@@ -38,11 +37,8 @@ from docket_memory.store import MemoryStore
 pytestmark = pytest.mark.anyio
 
 FAST = timedelta(milliseconds=5)
-#: long enough that no slot goes stale (and is taken over) during a test
-NEVER_STALE = timedelta(minutes=1)
 
 MakeDocket = Callable[..., Awaitable[Docket]]
-NoSlotLeft = Callable[..., Awaitable[None]]
 
 
 def make_worker(docket: Docket, **options: Any) -> Worker:
@@ -50,74 +46,6 @@ def make_worker(docket: Docket, **options: Any) -> Worker:
     options.setdefault("minimum_check_interval", FAST)
     options.setdefault("scheduling_resolution", FAST)
     return Worker(docket, **options)
-
-
-def server_keys_left(server: Server, name: str) -> dict[str, int]:
-    """The docket's slot and wait keys on the server that still hold members."""
-    client = redis.Redis(host="127.0.0.1", port=server.port)  # sync: works under trio too
-    try:
-        prefix = "{" + name + "}:"
-        left: dict[str, int] = {}
-        for raw in client.scan_iter(match=prefix + "slots:*", count=1000):
-            left[raw.decode()] = int(client.zcard(raw))
-        for raw in client.scan_iter(match=prefix + "wait:*", count=1000):
-            left[raw.decode()] = int(client.llen(raw))
-        for name in ("waiting", "parked"):
-            left[prefix + name] = int(client.scard(prefix + name))
-        return {key: n for key, n in left.items() if n}
-    finally:
-        client.close()
-
-
-@pytest.fixture
-def assert_no_slot_left(
-    make_docket: MakeDocket, server_for: Callable[[], Server | None]
-) -> NoSlotLeft:
-    """``await assert_no_slot_left(docket, task, max_concurrent, **argument)``:
-    the limit of ``task`` (for ``argument``, if it is per argument) has all its
-    slots free, and (on servers) nothing of any limit is left in the docket."""
-
-    async def check(docket: Docket, task: str, max_concurrent: int = 1, **argument: Any) -> None:
-        server = server_for()
-        if server is not None:
-            left = server_keys_left(server, docket.name)
-            assert left == {}, f"slots or waiters left behind: {left}"
-
-        # fresh runs on the very same limit key: the task's name, registered by
-        # a second Docket on the same docket, with the same limit
-        assert len(argument) <= 1
-        limit = ConcurrencyLimit(*argument, max_concurrent=max_concurrent)
-        running = peak = 0
-        all_in = anyio.Event()
-
-        async def probe(limit: ConcurrencyLimit = limit, **kwargs: Any) -> None:
-            nonlocal running, peak
-            running += 1
-            peak = max(peak, running)
-            if running == max_concurrent:
-                all_in.set()
-            try:
-                with anyio.move_on_after(1):
-                    await all_in.wait()
-            finally:
-                running -= 1
-
-        prober = await make_docket(docket.name)
-        prober.register(probe, names=[task])
-        for _ in range(max_concurrent):
-            await prober.add(task, key=f"probe-{uuid.uuid4().hex}")(**argument)
-        worker = make_worker(prober, concurrency=max_concurrent + 1, redelivery_timeout=NEVER_STALE)
-        with anyio.move_on_after(max_concurrent + 1):
-            await worker.run_until_finished()
-        assert peak == max_concurrent, (
-            f"a slot of {task} {argument or ''} is still held: only {peak} of "
-            f"{max_concurrent} fresh runs ran at once"
-        )
-        if server is not None:
-            left = server_keys_left(server, docket.name)
-            assert left == {}, f"the probe left slots or waiters behind: {left}"
-
-    return check
 
 
 @asynccontextmanager

@@ -21,13 +21,12 @@ from typing import Any
 
 import anyio
 import pytest
-from conftest import CONTRACT_BACKENDS
+from backends import SERVER_BACKENDS
 
 from docket_core import ExecutionState, TaskKey
 
 pytestmark = pytest.mark.anyio
 
-SERVER_BACKENDS = [b for b in CONTRACT_BACKENDS if not b.startswith("memory")]
 
 WORKER_SCRIPT = textwrap.dedent(
     """

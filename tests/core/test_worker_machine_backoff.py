@@ -4,7 +4,7 @@ waiting a whole resend window."""
 
 from __future__ import annotations
 
-from test_core_worker_machine import arrival, deliver, end, make_machine, of_type
+from machines import arrival, deliver, end, make_machine, of_type
 
 from docket_core.sansio.effects import Claim, Finish, Heartbeat, StoreEffect
 from docket_core.sansio.inputs import (

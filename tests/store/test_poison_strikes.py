@@ -18,7 +18,7 @@ import anyio
 import cloudpickle
 import pytest
 import redis
-from conftest import CONTRACT_BACKENDS
+from backends import SERVER_BACKENDS
 from helpers import finish, make_worker, running
 from servers import Server
 
@@ -34,7 +34,6 @@ from docket_core.serialization import (
 
 pytestmark = pytest.mark.anyio
 
-SERVER_BACKENDS = [b for b in CONTRACT_BACKENDS if not b.startswith("memory")]
 
 #: touched by ``_Booby`` when a pickle of it is loaded: it must never be
 _LOADED: list[str] = []

@@ -3,7 +3,7 @@ to send a batch again, with which ``now``, and when to give up or stop."""
 
 from __future__ import annotations
 
-from test_core_worker_machine import LIMIT, arrival, deliver, end, make_machine, of_type
+from machines import LIMIT, arrival, deliver, end, make_machine, of_type
 
 from docket_core.sansio.effects import (
     AcquireSlot,

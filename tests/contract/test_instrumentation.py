@@ -1,16 +1,12 @@
 """Metrics and traces through OpenTelemetry: an SDK with in-memory readers is
-installed once for this process, and each test looks at what docket reported."""
+installed once for this process, and each test looks at what docket reported.
+The worker command serving metrics to Prometheus is in
+``tests/cli/test_cli_worker.py``."""
 
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -24,11 +20,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 
-from docket_core import Docket, ExecutionState, Retry, Worker
+from docket_core import Docket, Retry, Worker
 
 pytestmark = pytest.mark.anyio
 
-TESTS = Path(__file__).parent
 EXPORTER = InMemorySpanExporter()
 READER = InMemoryMetricReader()
 
@@ -205,51 +200,3 @@ async def test_metrics_count_what_the_docket_and_its_workers_did(docket: Docket)
     assert points["docket_tasks_running"] == 0
     assert points["docket_task_duration"] == 3
     assert points["docket_task_punctuality"] == 3
-
-
-# -- the worker command serves Prometheus ---------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-@pytest.mark.backends("redis-asyncio")
-async def test_the_worker_command_serves_metrics_to_prometheus(
-    docket: Docket, docket_url: str
-) -> None:
-    from cli_tasks import record_pid
-
-    docket.register(record_pid)
-    executions = [await docket.add(record_pid)(n) for n in range(5)]
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    command = [
-        *(sys.executable, "-m", "docket_core", "worker"),
-        *("--url", docket_url, "--docket", docket.name, "--tasks", "cli_tasks:tasks"),
-        *("--metrics-port", str(port), "--minimum-check-interval", "10ms"),
-    ]
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        with anyio.fail_after(30):
-            for execution in executions:
-                while (stored := await docket.get_execution(execution.key)) is None or (
-                    stored.state is not ExecutionState.COMPLETED
-                ):
-                    await anyio.sleep(0.05)
-        url = f"http://127.0.0.1:{port}/metrics"
-        body = await anyio.to_thread.run_sync(lambda: urllib.request.urlopen(url).read().decode())
-    finally:
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0, stderr
-    started = [
-        line
-        for line in body.splitlines()
-        if line.startswith("docket_tasks_started") and f'docket_name="{docket.name}"' in line
-    ]
-    assert started and started[0].endswith(" 5.0"), body
-    assert "docket_task_duration" in body

@@ -22,7 +22,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("docket_core", "docket_memory", "docket_redis", "docket_glide")
 
 

@@ -1,30 +1,23 @@
-"""End-to-end tests of the Docket client API on memory://, under asyncio and trio.
-
-Strikes, snapshot, clear, workers and task_workers.
+"""``Docket.strike`` and ``restore`` on every contract backend: by function, by
+name, by parameter with every operator, both at once; at add time, when due,
+already queued, while the worker runs; and undone.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import anyio
 import pytest
 from helpers import Now, finish, key, running
 
-from docket_core import (
-    Disposition,
-    Docket,
-    ExecutionState,
-    Operator,
-    UsageError,
-    Worker,
-)
+from docket_core import Disposition, Docket, ExecutionState, Operator, UsageError, Worker
 
 pytestmark = pytest.mark.anyio
 
 
-# -- strikes ----------------------------------------------------------------------------------
+# -- strike ---------------------------------------------------------------------------
 
 
 async def test_strike_by_function(docket: Docket, worker: Worker) -> None:
@@ -145,6 +138,9 @@ async def test_strike_needs_a_function_or_parameter(docket: Docket) -> None:
         await docket.strike()
 
 
+# -- struck at execution --------------------------------------------------------------
+
+
 async def test_struck_at_execution_when_due(docket: Docket, worker: Worker, now: Now) -> None:
     calls: list[int] = []
 
@@ -214,6 +210,9 @@ async def test_struck_at_execution_while_the_worker_runs(
     assert stored.state is ExecutionState.CANCELLED
 
 
+# -- restore --------------------------------------------------------------------------
+
+
 async def test_restore_undoes_a_strike(docket: Docket, worker: Worker) -> None:
     calls: list[int] = []
 
@@ -249,122 +248,3 @@ async def test_restore_lets_a_held_back_execution_run(docket: Docket, worker: Wo
     stored = await docket.get_execution(execution.key)
     assert stored is not None
     assert stored.state is ExecutionState.COMPLETED
-
-
-# -- snapshot, clear, workers ---------------------------------------------------------------
-
-
-async def test_snapshot_future_running_and_workers(
-    docket: Docket, worker: Worker, now: Now
-) -> None:
-    started = anyio.Event()
-    release = anyio.Event()
-
-    async def blocking(tag: str) -> None:
-        started.set()
-        await release.wait()
-
-    async def later(n: int) -> None:
-        pass
-
-    empty = await docket.snapshot()
-    assert (empty.future, empty.running, empty.workers, empty.total_tasks) == ([], [], [], 0)
-
-    when = now() + timedelta(seconds=30)
-    future = await docket.add(later, when=when, key="later-key")(7)
-    snapshot = await docket.snapshot()
-    assert [(e.key, e.function_name, e.args, e.when) for e in snapshot.future] == [
-        ("later-key", "later", (7,), when)
-    ]
-    assert snapshot.total_tasks == 1
-
-    async with running(worker):
-        held = await docket.add(blocking, key="blocking-key")("t")
-        await started.wait()
-        snapshot = await docket.snapshot()
-        assert [e.key for e in snapshot.future] == [future.key]
-        assert len(snapshot.running) == 1
-        run = snapshot.running[0]
-        assert run.key == held.key
-        assert run.function_name == "blocking"
-        assert run.worker == worker.name
-        assert run.execution.args == ("t",)
-        assert run.started <= now()
-        assert snapshot.total_tasks == 2
-        assert [w.name for w in snapshot.workers] == [worker.name]
-        assert {"blocking", "later"} <= snapshot.workers[0].tasks
-        release.set()
-        await held.get_result(timeout=timedelta(seconds=2))
-
-    snapshot = await docket.snapshot()
-    assert snapshot.running == []
-    assert snapshot.workers == []
-    assert [e.key for e in snapshot.future] == [future.key]
-
-
-async def test_clear_removes_scheduled_and_queued(docket: Docket, worker: Worker, now: Now) -> None:
-    calls: list[int] = []
-
-    async def job(n: int) -> None:
-        calls.append(n)
-
-    executions = [
-        await docket.add(job)(1),
-        await docket.add(job)(2),
-        await docket.add(job, when=now() + timedelta(milliseconds=20))(3),
-    ]
-    assert await docket.clear() == 3
-    assert (await docket.snapshot()).future == []
-    await finish(worker)
-    assert calls == []
-    for execution in executions:
-        stored = await docket.get_execution(execution.key)
-        assert stored is not None
-        assert stored.state is ExecutionState.CANCELLED
-    assert await docket.clear() == 0
-
-
-async def test_clear_leaves_running_tasks(docket: Docket) -> None:
-    # one slot: the queued job stays queued while the blocking task runs
-    worker = Worker(docket, concurrency=1, minimum_check_interval=timedelta(milliseconds=5))
-    started = anyio.Event()
-    release = anyio.Event()
-
-    async def blocking() -> str:
-        started.set()
-        await release.wait()
-        return "finished"
-
-    async def queued_job() -> None:
-        raise AssertionError("cleared; must not run")
-
-    async with running(worker):
-        held = await docket.add(blocking)()
-        await started.wait()
-        await docket.add(queued_job)()
-        assert await docket.clear() == 1
-        release.set()
-        assert await held.get_result(timeout=timedelta(seconds=2)) == "finished"
-
-
-async def test_workers_and_task_workers(docket: Docket, worker: Worker) -> None:
-    async def some_task() -> None:
-        pass
-
-    docket.register(some_task)
-    assert await docket.workers() == []
-    started = anyio.Event()
-
-    async def ping() -> None:
-        started.set()
-
-    async with running(worker):
-        await docket.add(ping)()
-        await started.wait()
-        workers = await docket.workers()
-        assert [w.name for w in workers] == [worker.name]
-        assert {"some_task", "ping", "trace", "fail", "sleep"} <= workers[0].tasks
-        assert workers[0].last_seen <= datetime.now(workers[0].last_seen.tzinfo)
-        assert [w.name for w in await docket.task_workers("some_task")] == [worker.name]
-        assert await docket.task_workers("not_a_task") == []
-    assert await docket.workers() == []

@@ -11,7 +11,7 @@ import pytest
 
 from docket_core.cli import MEMORY_ONLY_IN_PROCESS, build_parser, main, parse_duration, parse_value
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

@@ -1,22 +1,19 @@
-"""``Docket.batch()`` on every backend, and how the server scripts batch."""
+"""``Docket.batch()`` on every contract backend.
+
+How the scripts batch effects is tested where it happens: the script calls in
+``tests/core/test_lua_protocol.py``, their replies on a server in
+``tests/store/test_server_backends.py``."""
 
 from __future__ import annotations
 
 import threading
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import anyio
 import pytest
-from helpers import acquisition, claim_as
 
 from docket_core import Disposition, Docket, ExecutionState, UsageError, Worker
-from docket_core.lua.protocol import Layout, calls_for
-from docket_core.sansio.decisions import plan_add
-from docket_core.sansio.effects import Cancel, Finish
-from docket_core.sansio.inputs import SlotAcquired
-from docket_core.sansio.values import ScheduleMode
 
 pytestmark = pytest.mark.anyio
 
@@ -119,74 +116,3 @@ async def test_a_batch_outside_its_block_is_a_clear_error(docket: Docket) -> Non
         batch.add(double)(1)
     with pytest.raises(UsageError, match="chunk"):
         docket.batch(chunk=0)
-
-
-# -- the server scripts ------------------------------------------------------------------
-
-
-def test_consecutive_schedules_and_finishes_share_calls_in_order() -> None:
-    now = time.time()
-
-    def add(key: str) -> object:
-        return plan_add(
-            key=key, function="f", payload=b"", when=now, mode=ScheduleMode.ADD, now=now
-        )
-
-    def finish(n: int) -> Finish:
-        return Finish(
-            delivery_id=f"{n}-0",
-            key=f"k{n}",
-            generation=1,
-            state=ExecutionState.COMPLETED,
-            now=now,
-            ttl=60,
-        )
-
-    cancel = Cancel(key="x", now=now, ttl=60)
-    effects = [add("a"), add("b"), finish(1), finish(2), add("c"), cancel, add("d")]
-    calls = calls_for(Layout(f"batch-{uuid.uuid4().hex}"), effects)  # type: ignore[arg-type]
-    assert [(call.name, covered) for call, covered in calls] == [
-        ("schedule", 2),
-        ("finish", 2),
-        ("schedule", 1),
-        ("cancel", 1),
-        ("schedule", 1),
-    ]
-    # each call carries its memo header (empty: a producer does not resend),
-    # then its effects' fields, packed into one argument, in order
-    (header, packed) = calls[0][0].args[2:]
-    assert header == b""
-    assert isinstance(packed, bytes) and packed.startswith(b"1:a1:f0:")
-    assert b"1:b1:f0:" in packed
-
-
-SERVER_BACKENDS = [
-    "redis-asyncio",
-    "valkey-asyncio",
-    "glide_valkey-asyncio",
-    "glide_valkey-trio",
-    "glide_redis-asyncio",
-]
-
-
-@pytest.mark.backends(*SERVER_BACKENDS)
-async def test_the_acquisitions_of_one_flush_share_one_call(docket: Docket) -> None:
-    """Three deliveries ask for a limit of 2 in one call: two take a slot, the
-    third is parked, each told so in order."""
-    for n in range(3):
-        await docket.add(double, key=f"k{n}")(n)
-    now = time.time()
-    deliveries = await claim_as(docket, "w", 3, now)
-    acquisitions = [
-        acquisition(d, f"w/{d.delivery_id}", "batched-limit", 2, now=now) for d in deliveries
-    ]
-    calls = calls_for(Layout(docket.name), acquisitions)
-    assert [(call.name, covered) for call, covered in calls] == [("acquire", 3)]
-    outcomes = await docket.adapter.execute(acquisitions)
-    assert outcomes == [
-        SlotAcquired(delivery_id=deliveries[0].delivery_id, acquired=True),
-        SlotAcquired(delivery_id=deliveries[1].delivery_id, acquired=True),
-        SlotAcquired(delivery_id=deliveries[2].delivery_id, acquired=False),
-    ]
-    parked = await docket.get_execution("k2")
-    assert parked is not None and parked.state is ExecutionState.SCHEDULED

@@ -3,7 +3,9 @@
 Each runs on the server backends of the contract suite (redis-py on
 redis-server and valkey-server, GLIDE on both, GLIDE also under trio): a
 server restart in the middle of a drain, key hygiene after a workload, the
-commands one ``add`` and one drain cost, and a GLIDE workload under trio.
+commands one ``add`` and one drain cost (consecutive finishes, and the
+acquisitions of one flush, share one script call), and a GLIDE workload under
+trio.
 Two worker processes sharing a docket are in ``test_server_processes.py``.
 
 Where a test needs a server of its own (persistence on, or command counts no
@@ -27,7 +29,8 @@ from typing import Any
 import anyio
 import pytest
 import redis
-from conftest import CONTRACT_BACKENDS
+from backends import SERVER_BACKENDS
+from helpers import acquisition, claim_as
 from servers import Server, redis_server_binary, valkey_server_binary
 
 from docket_core import (
@@ -45,11 +48,10 @@ from docket_core.lua import SCRIPTS
 from docket_core.lua.protocol import Layout, calls_for
 from docket_core.sansio.effects import Cancel, Finish
 from docket_core.sansio.errors import StoreError
-from docket_core.sansio.inputs import Finished
+from docket_core.sansio.inputs import Finished, SlotAcquired
 
 pytestmark = pytest.mark.anyio
 
-SERVER_BACKENDS = [b for b in CONTRACT_BACKENDS if not b.startswith("memory")]
 GLIDE_TRIO_BACKENDS = ["glide_valkey-trio", "glide_redis-trio"]
 FAST = timedelta(milliseconds=5)
 
@@ -518,6 +520,33 @@ async def test_the_finishes_of_one_flush_share_one_call(docket: Docket) -> None:
         "third": ExecutionState.COMPLETED,
     }
     assert await docket.adapter.pending() == 0  # all three acknowledged
+
+
+async def double(n: int) -> int:
+    return n * 2
+
+
+@pytest.mark.backends(*SERVER_BACKENDS)
+async def test_the_acquisitions_of_one_flush_share_one_call(docket: Docket) -> None:
+    """Three deliveries ask for a limit of 2 in one call: two take a slot, the
+    third is parked, each told so in order."""
+    for n in range(3):
+        await docket.add(double, key=f"k{n}")(n)
+    now = time.time()
+    deliveries = await claim_as(docket, "w", 3, now)
+    acquisitions = [
+        acquisition(d, f"w/{d.delivery_id}", "batched-limit", 2, now=now) for d in deliveries
+    ]
+    calls = calls_for(Layout(docket.name), acquisitions)
+    assert [(call.name, covered) for call, covered in calls] == [("acquire", 3)]
+    outcomes = await docket.adapter.execute(acquisitions)
+    assert outcomes == [
+        SlotAcquired(delivery_id=deliveries[0].delivery_id, acquired=True),
+        SlotAcquired(delivery_id=deliveries[1].delivery_id, acquired=True),
+        SlotAcquired(delivery_id=deliveries[2].delivery_id, acquired=False),
+    ]
+    parked = await docket.get_execution("k2")
+    assert parked is not None and parked.state is ExecutionState.SCHEDULED
 
 
 # -- 5. GLIDE under trio ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from datetime import timedelta
 
 import anyio
 import pytest
-from test_concurrency_limits import NoSlotLeft, assert_no_slot_left  # noqa: F401
+from helpers import NoSlotLeft
 
 from docket_core import ConcurrencyLimit, Docket, ExecutionState, Worker
 from docket_core.sansio.effects import StoreEffect
@@ -85,7 +85,7 @@ async def drain_with_a_lost_parking_reply(docket: Docket) -> tuple[list[str], li
 
 
 async def test_a_lost_parking_reply_runs_the_task_once(
-    docket: Docket, assert_no_slot_left: NoSlotLeft  # noqa: F811
+    docket: Docket, assert_no_slot_left: NoSlotLeft
 ) -> None:
     ran, dropped = await drain_with_a_lost_parking_reply(docket)
     assert dropped, "the fault was never injected"

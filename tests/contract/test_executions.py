@@ -1,0 +1,167 @@
+"""Looking at one execution, on every contract backend: ``get_execution``
+(scheduled, running with its worker and progress, finished), ``subscribe``'s
+state and progress events, and progress a superseded run cannot write.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import pytest
+from helpers import Now, finish, key, running
+
+from docket_core import Docket, ExecutionState, Progress, Worker
+
+pytestmark = pytest.mark.anyio
+
+
+# -- get_execution --------------------------------------------------------------------
+
+
+async def test_get_execution(docket: Docket, worker: Worker, now: Now) -> None:
+    assert await docket.get_execution("unknown") is None
+
+    async def job(x: int) -> int:
+        return x * 2
+
+    k = key()
+    when = now() + timedelta(milliseconds=20)
+    await docket.add(job, when=when, key=k)(21)
+    scheduled = await docket.get_execution(k)
+    assert scheduled is not None
+    assert scheduled.state is ExecutionState.SCHEDULED
+    assert scheduled.attempt == 1
+    assert scheduled.when == when
+    assert scheduled.function_name == "job"
+    assert scheduled.function is job
+    assert scheduled.args == (21,)
+    assert scheduled.key == k
+
+    await finish(worker)
+    done = await docket.get_execution(k)
+    assert done is not None
+    assert done.state is ExecutionState.COMPLETED
+    assert done.worker == worker.name
+    assert done.completed_at is not None
+    assert await done.get_result() == 42
+
+
+async def test_get_execution_while_running_shows_worker_and_progress(
+    docket: Docket, worker: Worker
+) -> None:
+    reported = anyio.Event()
+    release = anyio.Event()
+
+    async def slow(progress: Progress = Progress()) -> None:
+        await progress.set_total(4)
+        await progress.increment(2)
+        await progress.set_message("halfway")
+        reported.set()
+        await release.wait()
+
+    async with running(worker):
+        execution = await docket.add(slow)()
+        await reported.wait()
+        loaded = await docket.get_execution(execution.key)
+        assert loaded is not None
+        assert loaded.state is ExecutionState.RUNNING
+        assert loaded.worker == worker.name
+        assert loaded.started_at is not None
+        assert (loaded.progress.current, loaded.progress.total) == (2, 4)
+        assert loaded.progress.message == "halfway"
+        release.set()
+        await execution.get_result(timeout=timedelta(seconds=2))
+    await execution.sync()
+    assert execution.state is ExecutionState.COMPLETED
+
+
+async def test_a_superseded_run_cannot_write_its_successors_progress(
+    docket: Docket, now: Now
+) -> None:
+    async def job() -> None:
+        pass
+
+    old = await docket.add(job, key="k", when=now() + timedelta(hours=1))()
+    new = await docket.replace(job, key="k", when=now() + timedelta(hours=1))()
+    assert new.generation != old.generation
+    adapter = docket.adapter
+    stale = await adapter.report_progress("k", now=1.0, generation=old.generation, current=5)
+    assert stale.current != 5
+    fresh = await adapter.report_progress("k", now=2.0, generation=new.generation, current=7)
+    assert fresh.current == 7
+    progress = await adapter.get_progress("k")
+    assert progress is not None and progress.current == 7
+
+
+# -- subscribe ------------------------------------------------------------------------
+
+
+async def test_subscribe_yields_state_and_progress_events(docket: Docket, worker: Worker) -> None:
+    proceed = anyio.Event()
+
+    async def reporting(progress: Progress = Progress()) -> str:
+        await proceed.wait()
+        await progress.set_total(10)
+        await progress.increment()
+        await progress.increment(3)
+        await progress.set_message("almost")
+        return "ok"
+
+    execution = await docket.add(reporting)()
+    events: list[dict[str, Any]] = []
+    subscribed = anyio.Event()
+
+    async def watch() -> None:
+        async for event in execution.subscribe():
+            events.append(event)
+            subscribed.set()
+            if event["type"] == "state" and event["state"] in {"completed", "failed"}:
+                return
+
+    async with running(worker):
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch)
+            await subscribed.wait()
+            proceed.set()
+
+    states = [e["state"] for e in events if e["type"] == "state"]
+    assert states[0] in {"queued", "running"}
+    assert states[-2:] == ["running", "completed"]
+    assert all(e["key"] == execution.key for e in events)
+
+    progress = [e for e in events if e["type"] == "progress"]
+    # the first progress event is the snapshot taken on subscribing
+    live = progress[1:]
+    assert [(p["current"], p["total"], p["message"]) for p in live] == [
+        (0, 10, None),
+        (1, 10, None),
+        (4, 10, None),
+        (4, 10, "almost"),
+    ]
+    assert all(p["updated_at"] is not None for p in live)
+    assert execution.state is ExecutionState.COMPLETED
+
+
+async def test_subscribe_sees_scheduled_then_queued(
+    docket: Docket, worker: Worker, now: Now
+) -> None:
+    async def job() -> None:
+        pass
+
+    execution = await docket.add(job, when=now() + timedelta(milliseconds=50))()
+    states: list[str] = []
+
+    async def watch() -> None:
+        async for event in execution.subscribe():
+            if event["type"] == "state":
+                states.append(event["state"])
+                if event["state"] == "completed":
+                    return
+
+    async with running(worker):
+        await watch()
+
+    assert states[0] == "scheduled"
+    assert states[-3:] == ["queued", "running", "completed"]

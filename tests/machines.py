@@ -1,0 +1,126 @@
+"""Builders for unit tests of ``WorkerMachine``: hand-made arrivals, replies
+and task ends, and the effects the machine answers with.  Shared by
+``tests/core/test_worker_machine*.py``; no store, no runtime, no event loop."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+from docket_core.sansio.effects import (
+    Claim,
+    Effect,
+    Finish,
+    Schedule,
+    StoreEffect,
+)
+from docket_core.sansio.inputs import (
+    Arrival,
+    Claimed,
+    ClaimVerdict,
+    Delivered,
+    Finished,
+    Outcome,
+    Scheduled,
+    TaskEnded,
+    TaskOutcome,
+)
+from docket_core.sansio.values import (
+    ConcurrencyPolicy,
+    Delivery,
+    ExecutionState,
+    TaskMessage,
+    TaskPolicy,
+)
+from docket_core.sansio.worker import WorkerConfig, WorkerMachine
+
+T = TypeVar("T")
+
+LIMIT = ConcurrencyPolicy(limit_key="limit:f:customer=1", max_concurrent=2)
+
+
+def make_machine(now: float = 0.0, **settings: object) -> WorkerMachine:
+    config = WorkerConfig(name=str(settings.pop("name", "w1")), **settings)  # type: ignore[arg-type]
+    return WorkerMachine(config, now)
+
+
+def message(key: str = "k", *, attempt: int = 1, generation: int = 1) -> TaskMessage:
+    return TaskMessage(
+        key=key, function="f", payload=b"p", when=0.0, attempt=attempt, generation=generation
+    )
+
+
+def arrival(
+    delivery_id: str = "d1",
+    key: str | None = None,
+    *,
+    policy: TaskPolicy | None = None,
+    attempt: int = 1,
+    generation: int = 1,
+    problem: str | None = None,
+    struck: bool = False,
+    redelivered: bool = False,
+) -> Arrival:
+    return Arrival(
+        delivery=Delivery(
+            delivery_id=delivery_id,
+            message=message(key or f"key-{delivery_id}", attempt=attempt, generation=generation),
+            redelivered=redelivered,
+        ),
+        policy=policy or TaskPolicy(),
+        problem=problem,
+        struck=struck,
+    )
+
+
+def of_type(effects: Sequence[Effect], kind: type[T]) -> list[T]:
+    return [e for e in effects if isinstance(e, kind)]
+
+
+def deliver(machine: WorkerMachine, *arrivals: Arrival, now: float = 0.0) -> list[Effect]:
+    machine.receive(Delivered(arrivals=arrivals, now=now))
+    return machine.effects()
+
+
+def reply(
+    machine: WorkerMachine, effect: Effect, outcome: Outcome, now: float = 0.0
+) -> list[Effect]:
+    assert isinstance(effect, StoreEffect)
+    machine.store_replied([effect], [outcome], now)
+    return machine.effects()
+
+
+def claim_all(
+    machine: WorkerMachine, claim: Effect, now: float = 0.0, verdict: ClaimVerdict | None = None
+) -> list[Effect]:
+    assert isinstance(claim, Claim)
+    verdicts = tuple((item.delivery_id, verdict or ClaimVerdict.CLAIMED) for item in claim.items)
+    return reply(machine, claim, Claimed(verdicts=verdicts), now)
+
+
+def start(machine: WorkerMachine, a: Arrival, now: float = 0.0) -> list[Effect]:
+    """Deliver ``a`` and claim it; returns the effects after the claim."""
+    (claim,) = deliver(machine, a, now=now)
+    return claim_all(machine, claim, now)
+
+
+def end(
+    machine: WorkerMachine,
+    delivery_id: str,
+    outcome: TaskOutcome,
+    now: float,
+    **fields: object,
+) -> list[Effect]:
+    machine.receive(TaskEnded(delivery_id=delivery_id, now=now, outcome=outcome, **fields))  # type: ignore[arg-type]
+    return machine.effects()
+
+
+def recorded(machine: WorkerMachine, effect: Effect, now: float = 0.0) -> list[Effect]:
+    if isinstance(effect, Finish):
+        outcome: Outcome = Finished(delivery_id=effect.delivery_id, recorded=True)
+    else:
+        assert isinstance(effect, Schedule)
+        outcome = Scheduled(
+            key=effect.message.key, accepted=True, generation=2, state=ExecutionState.SCHEDULED
+        )
+    return reply(machine, effect, outcome, now)
