@@ -40,7 +40,7 @@ from glide import TimeoutError as GlideTimeoutError
 
 from docket_core.lua import SCRIPTS
 from docket_core.lua.acl import acl_refusal
-from docket_core.lua.base import ScriptedStore, transient
+from docket_core.lua.base import ScriptedStore, reply_error
 from docket_core.lua.entries import text
 from docket_core.lua.protocol import GROUP, ScriptCall
 from docket_core.sansio.errors import StoreError, StoreUnavailable, UsageError
@@ -66,14 +66,7 @@ def _store_errors(what: str = "a command") -> Iterator[None]:
     except _FAILURES as error:
         raise StoreUnavailable(f"server unavailable: {error}") from error
     except RequestError as error:
-        refusal = acl_refusal(str(error), what)
-        if refusal is not None:
-            raise StoreError(refusal) from error
-        if transient(str(error)):
-            raise StoreUnavailable(f"the server is not ready: {error}") from error
-        raise StoreError(f"the server refused {what}: {error}") from error
-
-
+        raise reply_error(str(error), what, "the server") from error
 
 
 #: URL query option -> TLS setting; redis-py's spellings work too, so one

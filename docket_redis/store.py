@@ -16,8 +16,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio.client import PubSub
 
 from docket_core.lua import SCRIPTS
-from docket_core.lua.acl import acl_refusal
-from docket_core.lua.base import ScriptedStore, transient
+from docket_core.lua.base import ScriptedStore, reply_error
 from docket_core.lua.entries import text
 from docket_core.lua.protocol import GROUP, ScriptCall
 from docket_core.sansio.errors import StoreError, StoreUnavailable, UsageError
@@ -44,12 +43,7 @@ def _store_errors(what: str = "a command") -> Iterator[None]:
     except _FAILURES as error:
         raise StoreUnavailable(f"Redis unavailable: {error}") from error
     except redis_errors.ResponseError as error:
-        refusal = acl_refusal(str(error), what)
-        if refusal is not None:
-            raise StoreError(refusal) from error
-        if transient(str(error)):
-            raise StoreUnavailable(f"Redis is not ready: {error}") from error
-        raise StoreError(f"Redis refused {what}: {error}") from error
+        raise reply_error(str(error), what, "Redis") from error
 
 
 #: GLIDE's spellings of redis-py's TLS options (``docket_glide.store.TLS_OPTIONS``)

@@ -23,6 +23,7 @@ import attrs
 from ..adapter import ReadResult, StoreEvent
 from ..sansio.decisions import is_live
 from ..sansio.effects import StoreEffect
+from ..sansio.errors import StoreError, StoreUnavailable
 from ..sansio.inputs import Outcome
 from ..sansio.strikes import StrikeInstruction, StrikeList
 from ..sansio.values import (
@@ -33,6 +34,7 @@ from ..sansio.values import (
     WorkerRecord,
 )
 from ..serialization import MalformedStrike, Signing, dumps_strike, parse_strike
+from .acl import acl_refusal
 from .entries import (
     parse_cancellation,
     parse_dead_letters,
@@ -86,6 +88,18 @@ def transient(message: str) -> bool:
     a full memory): the store refuses now, and will take it later."""
     return _TRANSIENT.search(message) is not None
 
+
+
+def reply_error(message: str, what: str, server: str) -> StoreError:
+    """The error for the server's error reply to ``what`` (both clients word
+    it alike): an ACL refusal naming the command, a "not now" reply as
+    ``StoreUnavailable`` (worth retrying), any other as a refusal."""
+    refusal = acl_refusal(message, what)
+    if refusal is not None:
+        return StoreError(refusal)
+    if transient(message):
+        return StoreUnavailable(f"{server} is not ready: {message}")
+    return StoreError(f"{server} refused {what}: {message}")
 
 class ScriptedStore(abc.ABC):
     """A ``StorageAdapter`` for Redis-protocol servers, minus the client."""

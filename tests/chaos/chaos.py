@@ -234,13 +234,22 @@ class Chaos(SideFaults, LedgerChecks, StoreChecks):
                     self.log(f"{worker.name} died by itself ({code})")
                     if self.replacing:
                         self.spawn()
-                elif worker.told == "term" and code != 0:
+                elif worker.told == "term" and code != 0 and not self.stopped_first(worker, code):
                     tail = worker.log.read_text(errors="replace")[-1500:]
                     self.report.unclean_stops.append(
                         f"{worker.name} (pid {worker.process.pid}) exited {code} "
                         f"after SIGTERM:\n{tail}"
                     )
             await anyio.sleep(0.05)
+
+    def stopped_first(self, worker: WorkerProcess, code: int) -> bool:
+        """Whether a SIGTERM killed a worker that had already stopped cleanly
+        (it printed its counters: a task's ``SystemExit`` stopped it) while
+        its interpreter shut down, where Python restores the default handler."""
+        if code != -signal.SIGTERM:
+            return False
+        text = worker.log.read_text(errors="replace")
+        return any(line.startswith(f"{worker.name} stopped: ") for line in text.splitlines())
 
     def task_exit(self, worker: WorkerProcess, code: int, key: str) -> None:
         """A worker stopped after its task ``key`` raised ``SystemExit``: it must
