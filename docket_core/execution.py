@@ -228,22 +228,23 @@ class Execution:
                         async for event in events:
                             self._apply_event(event)
                             if self.state.terminal:
-                                await self.sync()
                                 break
                         group.cancel_scope.cancel()
+                    await self.sync()  # the result, and the end a recheck saw
                 return self._outcome()
         raise TimeoutError(f"execution {self._key} did not finish in time")
 
     async def _recheck(self, waiting: anyio.CancelScope) -> None:
-        """Look at the record now and then while waiting for its events: an
-        event published while the subscriber reconnected is lost."""
+        """Look at the record now and then while waiting for its events (an
+        event published while the subscriber reconnected is lost); end the
+        wait once it ended.  Only reads: the waiting loop alone applies."""
         while True:
             await anyio.sleep(RECHECK_SECONDS)
             try:
-                await self.sync()
+                record = await self._docket.adapter.get_record(self._key)
             except StoreError:
                 continue  # the events may still come; the next look may work
-            if self.state.terminal:
+            if record is not None and record.state.terminal:
                 waiting.cancel()
                 return
 
