@@ -7,6 +7,9 @@ glide://host:6379/0``.  ``--client glide`` uses GLIDE on the private server.
 Each run uses a fresh docket name and prints the enqueue rate (tasks added one
 by one, one ``await docket.add(...)()`` after the other) and the drain rate
 (``run_until_finished`` of one worker); the median of the runs closes the report.
+``--logging info`` drains with the ``docket.worker`` logger at INFO (to a null
+stream); ``--logging both`` alternates runs with it off and at INFO and closes
+with the ratio of their drain rates.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 import anyio
+from drain_memory import worker_logging
 
 from docket_core import Docket, Worker
+from docket_core.running import LOOPS, loop_options
 
 
 async def noop() -> None:
@@ -114,30 +119,41 @@ def private_server(binary: str) -> Iterator[int]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def line(label: str, row: tuple[float, ...]) -> str:
+def line(label: str, mode: str, row: tuple[float, ...]) -> str:
     enqueue, enqueue_rate, wall, drain_rate, cpu = row
     return (
-        f"{label:>4} {enqueue:>10.3f} {enqueue_rate:>10.0f} {wall:>9.3f} {drain_rate:>9.0f} "
-        f"{cpu:>12.3f}"
+        f"{label:>4} {mode:>4} {enqueue:>10.3f} {enqueue_rate:>10.0f} {wall:>9.3f} "
+        f"{drain_rate:>9.0f} {cpu:>12.3f}"
     )
 
 
 def report(url: str, args: argparse.Namespace) -> None:
+    modes = ("off", "info") if args.logging == "both" else (args.logging,)
     print(
-        f"{args.tasks} no-op tasks on {url} "
-        f"(one worker, concurrency {args.concurrency}, {args.backend})"
+        f"{args.tasks} no-op tasks on {url} (one worker, concurrency {args.concurrency}, "
+        f"{args.backend}, worker logging {args.logging})"
     )
-    header = f"{'run':>4} {'enqueue s':>10} {'enqueue/s':>10} {'drain s':>9} {'drain/s':>9}"
-    print(f"{header} {'drain cpu s':>12}")
-    rows: list[tuple[float, float, float, float, float]] = []
+    header = f"{'run':>4} {'log':>4} {'enqueue s':>10} {'enqueue/s':>10} {'drain s':>9}"
+    print(f"{header} {'drain/s':>9} {'drain cpu s':>12}")
+    rows: dict[str, list[tuple[float, float, float, float, float]]] = {m: [] for m in modes}
     for index in range(1, args.repeat + 1):
-        enqueue, wall, cpu = anyio.run(
-            one_run, url, args.tasks, args.concurrency, backend=args.backend
-        )
-        row = (enqueue, args.tasks / enqueue, wall, args.tasks / wall, cpu)
-        rows.append(row)
-        print(line(str(index), row))
-    print(line("med", tuple(statistics.median(column) for column in zip(*rows, strict=True))))
+        for mode in modes:
+            worker_logging(mode)
+            enqueue, wall, cpu = anyio.run(
+                one_run, url, args.tasks, args.concurrency, **loop_options(args.backend)
+            )
+            row = (enqueue, args.tasks / enqueue, wall, args.tasks / wall, cpu)
+            rows[mode].append(row)
+            print(line(str(index), mode, row))
+    medians = {
+        mode: tuple(statistics.median(column) for column in zip(*runs, strict=True))
+        for mode, runs in rows.items()
+    }
+    for mode, median in medians.items():
+        print(line("med", mode, median))
+    if len(medians) == 2:
+        ratio = medians["info"][3] / medians["off"][3]
+        print(f"drain rate with INFO logging / without: {ratio:.2f}")
 
 
 def main() -> None:
@@ -146,7 +162,12 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=20_000, help="tasks per run")
     parser.add_argument("--concurrency", type=int, default=100, help="the worker's concurrency")
     parser.add_argument("--repeat", type=int, default=3, help="how many runs")
-    parser.add_argument("--backend", default="asyncio", choices=("asyncio", "trio"))
+    parser.add_argument(
+        "--backend",
+        default="asyncio",
+        choices=LOOPS,
+        help="the event loop: asyncio, uvloop (asyncio on uvloop: the uvloop extra) or trio",
+    )
     parser.add_argument(
         "--client",
         default="redis",
@@ -155,6 +176,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--server", default="redis-server", help="without --url: the server binary to start"
+    )
+    parser.add_argument(
+        "--logging",
+        default="off",
+        choices=("off", "info", "dropped", "both"),
+        help="the docket.worker logger: off, at INFO to a null stream, at INFO to a handler "
+        "that drops the records, or both off and INFO, alternately",
     )
     args = parser.parse_args()
     if args.url:

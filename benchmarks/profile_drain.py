@@ -11,7 +11,7 @@ pyinstrument (a sampling profiler: ``pip install pyinstrument``; it is a dev too
 not a dependency of docket). It prints where the worker's time goes:
 
 - **by docket operation**: each sample goes to the innermost docket frame on its
-  stack (``Worker._prepare``, ``Worker._run_task``, a ``WorkerMachine`` method, a
+  stack (``Worker._prepare``, ``Runner._run``, a ``WorkerMachine`` method, a
   store primitive, ...), so time spent inside redis-py or anyio on behalf of a
   docket call counts to that call; samples with no docket frame are the event
   loop's own work (``selectors``, ``asyncio`` callbacks, task switches);
@@ -24,7 +24,6 @@ Shares are of the drain's sampled time; the CPU seconds per 1,000 tasks are from
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import signal
 import time
@@ -32,9 +31,12 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import anyio
+from drain_memory import worker_logging
 from drain_server import private_server
 
 from docket_core import Docket, Worker
+from docket_core.running import LOOPS, loop_options
 
 
 async def noop() -> None:
@@ -85,7 +87,9 @@ async def fill(docket: Docket, n: int) -> None:
             left -= 1
             await docket.add(noop)()
 
-    await asyncio.gather(*(producer() for _ in range(32)))
+    async with anyio.create_task_group() as group:
+        for _ in range(32):
+            group.start_soon(producer)
 
 
 class CpuSampler:
@@ -255,18 +259,28 @@ def cli() -> None:
     parser.add_argument(
         "--interval", type=float, default=0.001, help="sampling interval (s); 0: no profiler"
     )
+    parser.add_argument("--backend", default="asyncio", choices=LOOPS, help="the event loop")
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--detail", type=int, default=4, help="operations to break down")
     parser.add_argument(
         "--round-trips", action="store_true", help="count script round trips (adds overhead)"
     )
     parser.add_argument("--html", help="also write pyinstrument's HTML report here")
+    parser.add_argument(
+        "--logging",
+        default="off",
+        choices=("off", "info", "dropped"),
+        help="the docket.worker logger: off, at INFO to a null stream, or at INFO to a "
+        "handler that drops the records (drain_memory.py)",
+    )
     args = parser.parse_args()
+    worker_logging(args.logging)
+    loop = loop_options(args.backend)
     if args.url:
-        asyncio.run(main(args, args.url))
+        anyio.run(main, args, args.url, **loop)
         return
     with private_server(args.server) as port:
-        asyncio.run(main(args, f"{args.client}://127.0.0.1:{port}/0"))
+        anyio.run(main, args, f"{args.client}://127.0.0.1:{port}/0", **loop)
 
 
 if __name__ == "__main__":

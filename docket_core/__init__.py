@@ -8,27 +8,35 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from . import testing
 from .adapter import ProgressEvent, StateEvent, StoreEvent
 from .agenda import Agenda
 from .dependencies import (
+    CallArgument,
     ConcurrencyLimit,
+    Cooldown,
+    Cron,
     CurrentDocket,
     CurrentExecution,
     CurrentWorker,
+    CycleError,
+    Debounce,
     Depends,
     ExponentialRetry,
     ForcedRetry,
     Logged,
     Perpetual,
     Progress,
+    RateLimit,
     Retry,
+    Shared,
     TaskArgument,
     TaskKey,
     TaskLogger,
     Timeout,
 )
 from .docket import Docket, DocketSnapshot, RunningExecution, WorkerInfo
-from .execution import Execution
+from .execution import Execution, TaskCall
 from .sansio.errors import (
     DocketError,
     ExecutionCancelled,
@@ -38,6 +46,7 @@ from .sansio.errors import (
 )
 from .sansio.strikes import Operator
 from .sansio.values import Disposition, ExecutionState
+from .strikelist import Restore, Strike, StrikeList
 from .worker import Worker
 
 try:
@@ -47,10 +56,15 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
 
 __all__ = [
     "Agenda",
+    "CallArgument",
     "ConcurrencyLimit",
+    "Cooldown",
+    "Cron",
     "CurrentDocket",
     "CurrentExecution",
     "CurrentWorker",
+    "CycleError",
+    "Debounce",
     "Depends",
     "Disposition",
     "Docket",
@@ -66,13 +80,19 @@ __all__ = [
     "Perpetual",
     "Progress",
     "ProgressEvent",
+    "RateLimit",
+    "Restore",
     "Retry",
     "RunningExecution",
+    "Shared",
     "StateEvent",
     "StoreError",
     "StoreEvent",
     "StoreUnavailable",
+    "Strike",
+    "StrikeList",
     "TaskArgument",
+    "TaskCall",
     "TaskKey",
     "TaskLogger",
     "Timeout",
@@ -80,4 +100,5 @@ __all__ = [
     "Worker",
     "WorkerInfo",
     "__version__",
+    "testing",
 ]

@@ -34,16 +34,22 @@ TaskFunction = Callable[..., Any]
 
 def resolve_task(docket: Docket, function: TaskFunction | str) -> tuple[TaskFunction, str]:
     """The task function and its name; a function not registered yet is
-    registered (under its ``__name__``), an unknown name is a ``KeyError``."""
+    registered (under its ``__name__``), an unknown name is a ``KeyError``
+    (as in pydocket)."""
     if isinstance(function, str):
         try:
             return docket.tasks[function], function
         except KeyError:
-            raise KeyError(f"unknown task {function!r}") from None
+            raise unregistered(function) from None
     name = function.__name__
     if docket.tasks.get(name) is not function:
         docket.register(function)
     return function, name
+
+
+def unregistered(name: str) -> KeyError:
+    """pydocket's error for a task name the docket does not know."""
+    return KeyError(f"Task '{name}' is not registered")
 
 
 class LazyArguments(Mapping[str, Any]):

@@ -13,14 +13,20 @@ import contextlib
 import contextvars
 import inspect
 import sys
+import time
 import typing
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from datetime import timedelta
 from types import TracebackType
-from typing import Annotated, Any, ClassVar
+from typing import Any, ClassVar
 
 import attrs
 
+from .annotations import Logged as Logged
+from .annotations import metadata_of
+from .outcomes import AdmissionBlocked, TaskOutcome, blocked_follow_up, overridden
+from .sansio.admission import gate_order
 from .sansio.errors import ForcedRetry as ForcedRetry
 from .sansio.errors import UsageError
 from .sansio.inputs import FollowUp
@@ -44,9 +50,20 @@ class Dependency:
     _describes_argument: bool = False
     #: contributes to the policy with values that depend on the call's arguments
     _per_call: ClassVar[bool] = False
+    #: the extension point this dependency is (``extensions``): "runtime",
+    #: "failure" or "completion"
+    _role: ClassVar[str | None] = None
+
+    def __class_getitem__(cls, item: Any) -> Any:
+        """``Dependency["T"]``, as pydocket's generic base is written: the class."""
+        return cls
 
     async def _inject(self, run: Run, parameter: str) -> Any:
-        """The value handed to the task for this dependency."""
+        """The value handed to the task for this dependency: itself, or, for a
+        custom dependency that is an async context manager (pydocket's way),
+        what entering it gives (it exits after the task)."""
+        if hasattr(type(self), "__aenter__") and hasattr(type(self), "__aexit__"):
+            return await run.stack.enter_async_context(self)  # type: ignore[arg-type]
         return self
 
     def _cache_key(self) -> object | None:
@@ -75,36 +92,42 @@ class Dependency:
         return None
 
 
-def _single_kind(cls: type[Dependency]) -> type[Dependency]:
-    """The most basic class of ``cls`` that declares ``single = True``."""
-    kind = cls
-    for base in cls.__mro__:
-        if isinstance(base, type) and issubclass(base, Dependency):
-            if vars(base).get("single") is True:
-                kind = base
-    return kind
+_NO_DEPENDENCIES: Mapping[str, Dependency] = {}
 
 
-class Logged:
-    """``Annotated[T, Logged]`` shows the argument's value in log lines;
-    ``Annotated[T, Logged(length_only=True)]`` shows only its length."""
-
-    def __init__(self, length_only: bool = False) -> None:
-        self.length_only = length_only
-
-    def format(self, value: Any) -> str:
-        if self.length_only:
-            try:
-                return f"{{len {len(value)}}}"
-            except TypeError:
-                return "{len ?}"
-        return repr(value)
-
-    def __repr__(self) -> str:
-        return f"Logged(length_only={self.length_only})"
+def _single_bases(cls: type[Dependency]) -> list[type[Dependency]]:
+    """The classes of ``cls``'s lineage that declare ``single = True``, the
+    most specific first."""
+    return [
+        base
+        for base in cls.__mro__
+        if isinstance(base, type)
+        and issubclass(base, Dependency)
+        and vars(base).get("single") is True
+    ]
 
 
-_LOGGED_VALUE = Logged()
+def check_singles(dependencies: Sequence[Dependency]) -> None:
+    """Refuse two ``single`` dependencies of one kind, as pydocket words it:
+    the same class is named as itself (``Retry``), two classes of one single
+    lineage by the closest class they share (``Retry`` for a ``Retry`` and an
+    ``ExponentialRetry``, ``Runtime`` for a ``Timeout`` and a custom runtime)."""
+    singles = [d for d in dependencies if d.single]
+    seen: set[type[Dependency]] = set()
+    for dependency in singles:
+        kind = type(dependency)
+        if kind in seen:
+            raise UsageError(f"Only one {kind.__name__} dependency is allowed per task")
+        seen.add(kind)
+    claimed: dict[type[Dependency], Dependency] = {}
+    for dependency in singles:
+        for base in _single_bases(type(dependency)):
+            other = claimed.get(base)
+            if other is not None:
+                shared = next(b for b in _single_bases(type(other)) if isinstance(dependency, b))
+                raise UsageError(f"Only one {shared.__name__} dependency is allowed per task")
+        for base in _single_bases(type(dependency)):
+            claimed[base] = dependency
 
 
 # -- plans ---------------------------------------------------------------------
@@ -123,6 +146,8 @@ class _Plan:
     injected: tuple[_Injected, ...]
     policy: TaskPolicy
     per_call: tuple[Dependency, ...]
+    #: every dependency the function declares (parameters and ``Annotated``)
+    declared: tuple[Dependency, ...]
     positional: tuple[str, ...]
     var_positional: str | None
     defaults: Mapping[str, Any]
@@ -168,12 +193,6 @@ def _annotations(function: Callable[..., Any], signature: inspect.Signature) -> 
     return raw
 
 
-def _metadata(annotation: Any) -> tuple[Any, ...]:
-    if typing.get_origin(annotation) is Annotated:
-        return tuple(annotation.__metadata__)
-    return ()
-
-
 def _scan(
     function: Callable[..., Any], top_level: bool
 ) -> tuple[
@@ -192,12 +211,12 @@ def _scan(
         found: list[Dependency] = []
         if isinstance(parameter.default, Dependency):
             found.append(parameter.default)
-        for item in _metadata(annotations.get(name)):
-            if item is Logged:
-                logged[name] = _LOGGED_VALUE
-            elif isinstance(item, Logged):
-                logged[name] = item
-            elif isinstance(item, Dependency):
+        metadata = metadata_of(annotations.get(name))
+        marker = Logged.among(metadata)
+        if marker is not None:
+            logged[name] = marker
+        for item in metadata:
+            if isinstance(item, Dependency):
                 bound = item._bind_to_parameter(name)
                 if bound._describes_argument:
                     bound._check(function, name, top_level)
@@ -228,15 +247,7 @@ def _name(function: Callable[..., Any]) -> str:
 def _build_plan(function: Callable[..., Any]) -> _Plan:
     signature, injected, describing, logged = _scan(function, top_level=True)
     everything = [d for _, d in injected] + describing
-    kinds: dict[type[Dependency], Dependency] = {}
-    for dependency in everything:
-        if dependency.single:
-            kind = _single_kind(type(dependency))
-            if kind in kinds:
-                raise UsageError(
-                    f"{_name(function)} declares more than one {kind.__name__} dependency"
-                )
-            kinds[kind] = dependency
+    check_singles(everything)
     fields: dict[str, Any] = {}
     for dependency in everything:
         fields.update(dependency._policy())
@@ -257,6 +268,7 @@ def _build_plan(function: Callable[..., Any]) -> _Plan:
         ),
         policy=TaskPolicy(**fields) if fields else NO_POLICY,
         per_call=tuple(d for d in everything if d._per_call),
+        declared=tuple(everything),
         positional=tuple(positional),
         var_positional=var_positional,
         defaults=defaults,
@@ -320,10 +332,14 @@ def task_policy(
     function_name: str,
     docket_name: str,
     arguments: Mapping[str, Any],
+    worker_dependencies: Mapping[str, Dependency] = _NO_DEPENDENCIES,
 ) -> TaskPolicy:
-    """What the core must know about one call of ``function``."""
+    """What the core must know about one call of ``function``; a worker's
+    own dependencies add what the task does not say itself (a ``Retry`` of
+    the worker retries every task that declares none), and clash with the
+    task's like two of the task's would (``check_singles``)."""
     plan = _PLANS.get(function) or _plan(function)
-    if not plan.per_call:
+    if not plan.per_call and not worker_dependencies:
         return plan.policy
     policy = plan.policy
     fields: dict[str, Any] = {
@@ -331,9 +347,25 @@ def task_policy(
         "perpetual": policy.perpetual,
         "timeout": policy.timeout,
         "concurrency": policy.concurrency,
+        "admission": policy.admission,
     }
     for dependency in plan.per_call:
-        fields.update(dependency._call_policy(function_name, docket_name, arguments))
+        for name, value in dependency._call_policy(function_name, docket_name, arguments).items():
+            # every admission control counts; any other field is the last one's
+            fields[name] = (*fields[name], *value) if name == "admission" else value
+    if worker_dependencies:
+        check_singles([*plan.declared, *worker_dependencies.values()])
+        for dependency in worker_dependencies.values():
+            given = dependency._policy()
+            if dependency._per_call:
+                given.update(dependency._call_policy(function_name, docket_name, arguments))
+            for name, value in given.items():
+                if name == "admission":
+                    fields[name] = (*fields[name], *value)
+                elif fields[name] is None:
+                    fields[name] = value
+    if fields["admission"]:
+        fields["admission"] = gate_order(fields["admission"])
     return TaskPolicy(**fields)
 
 
@@ -391,10 +423,20 @@ class TaskContext:
 
 
 class Run:
-    """The state of one execution's resolution: caches, cleanups and the
-    per-execution copies that have something to say afterwards."""
+    """The state of one execution's resolution: caches, cleanups, the
+    per-execution copies that have something to say afterwards, and the
+    extension points found (``roles``: "runtime", "failure", "completion")."""
 
-    __slots__ = ("_arguments", "cache", "context", "follow_ups", "function", "stack")
+    __slots__ = (
+        "_arguments",
+        "cache",
+        "context",
+        "follow_ups",
+        "function",
+        "resolving",
+        "roles",
+        "stack",
+    )
 
     def __init__(self, function: Callable[..., Any], context: TaskContext) -> None:
         self.function = function
@@ -402,7 +444,15 @@ class Run:
         self.stack = AsyncExitStack()
         self.cache: dict[object, Any] = {}
         self.follow_ups: list[Dependency] = []
+        self.roles: dict[str, Any] = {}
+        #: the parameters a ``CallArgument`` is resolving (a cycle would never end)
+        self.resolving: set[str] = set()
         self._arguments: dict[str, Any] | None = None
+
+    def sibling(self, name: str) -> Dependency | None:
+        """The task's own dependency for parameter ``name``, if it has one."""
+        plan = _PLANS.get(self.function) or _plan(self.function)
+        return next((i.dependency for i in plan.injected if i.name == name), None)
 
     @property
     def arguments(self) -> dict[str, Any]:
@@ -452,12 +502,61 @@ def forced_retry_at(error: BaseException, now: float) -> float | None:
 class ResolvedCall:
     """A task call with its dependency parameters filled in."""
 
-    __slots__ = ("_run", "args", "kwargs")
+    __slots__ = ("_run", "args", "kwargs", "runtime")
 
     def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], run: Run | None) -> None:
         self.args = args
         self.kwargs = kwargs
         self._run = run
+        runtime = run.roles.get("runtime") if run is not None else None
+        #: a custom ``Runtime`` to call the function through (``extensions``)
+        self.runtime: Any = runtime if runtime is not None and overridden(runtime, "run") else None
+
+    async def settle(
+        self,
+        execution: Any,
+        *,
+        started: float,
+        result: Any = None,
+        error: BaseException | None = None,
+        retrying: bool = False,
+    ) -> FollowUp | None:
+        """What the run that began at ``started`` asks of its future
+        (``follow_up``), once the custom handlers had their say: a failure
+        goes to a ``FailureHandler`` (``True``: no retry, no next run); the
+        end of a run that will not be retried to a ``CompletionHandler``.  A
+        run an ``AdmissionBlocked`` stopped follows it; no handler is asked."""
+        now = time.time()
+        if error is not None and isinstance(error, AdmissionBlocked):
+            return blocked_follow_up(error, now)
+        run = self._run
+        if run is None or not run.roles:
+            return self.follow_up(now, error)
+        outcome = TaskOutcome(duration=timedelta(seconds=now - started), result=result)
+        outcome.exception = error
+        handler = run.roles.get("failure")
+        declined = False
+        if error is not None and handler is not None and overridden(handler, "handle_failure"):
+            # (a ``Retry`` subclass that asks its base retries through the core)
+            by_core = hasattr(handler, "_core_retry")
+            if by_core:
+                handler._core_retry = False
+            handled = await handler.handle_failure(execution, outcome)
+            if not (by_core and handler._core_retry):
+                if handled:
+                    return attrs.evolve(self.follow_up(now) or FollowUp(), failure_handled=True)
+                declined = retrying
+                retrying = False
+        handler = run.roles.get("completion")
+        if (error is None or not retrying) and handler is not None:
+            if overridden(handler, "on_complete"):
+                if hasattr(handler, "_chain"):
+                    handler._chain = False  # (a perpetual's goes on only if its own ran)
+                await handler.on_complete(execution, outcome)
+        follow_up = self.follow_up(time.time(), error)
+        if declined:
+            return attrs.evolve(follow_up or FollowUp(), retry_declined=True)
+        return follow_up
 
     def follow_up(self, now: float, error: BaseException | None = None) -> FollowUp | None:
         """What the task asked for about its future (``retry_at`` only when
@@ -472,12 +571,28 @@ class ResolvedCall:
         return result
 
 
+#: how the error a task fails with when dependencies did not resolve begins
+DEPENDENCY_FAILURES = "Failed to resolve dependencies for parameter(s): "
+
+
+def dependency_failures(failures: Mapping[str, Exception]) -> ExceptionGroup[Exception]:
+    """The error of a run whose dependencies (by parameter) failed to resolve,
+    as pydocket raises it: one ``ExceptionGroup`` holding every cause."""
+    return ExceptionGroup(DEPENDENCY_FAILURES + ", ".join(failures), list(failures.values()))
+
+
 class _Resolution(AbstractAsyncContextManager[ResolvedCall]):
     """``async with resolve(function, context) as call``: see ``resolve``."""
 
-    def __init__(self, function: Callable[..., Any], context: TaskContext) -> None:
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        context: TaskContext,
+        worker_dependencies: Mapping[str, Dependency],
+    ) -> None:
         self._function = function
         self._context = context
+        self._worker_dependencies = worker_dependencies
         self._run: Run | None = None
         self._tokens: tuple[contextvars.Token[Any], ...] = ()
 
@@ -489,16 +604,39 @@ class _Resolution(AbstractAsyncContextManager[ResolvedCall]):
             current_worker.set(context.worker),
             current_execution.set(context.execution),
         )
-        if not plan.injected:
+        workers = self._worker_dependencies
+        if not plan.injected and not workers:
             return ResolvedCall(context.args, context.kwargs, None)
         run = self._run = Run(self._function, context)
         kwargs = dict(context.kwargs)
         given = len(context.args)
+        failures: dict[str, Exception] = {}
         try:
+            # the worker's own first (their values are not passed to the
+            # task); the task's ``Depends`` of the same factories share them
+            for name, dependency in workers.items():
+                try:
+                    value = await run.inject(dependency, name)
+                except Exception as error:
+                    failures[name] = error
+                else:
+                    if dependency._role is not None:
+                        run.roles[dependency._role] = value
             for item in plan.injected:
                 if item.position < given or item.name in kwargs:
                     continue
-                kwargs[item.name] = await run.inject(item.dependency, item.name)
+                try:
+                    value = kwargs[item.name] = await run.inject(item.dependency, item.name)
+                except Exception as error:
+                    failures[item.name] = error
+                else:
+                    if item.dependency._role is not None:
+                        run.roles[item.dependency._role] = value
+            if failures:
+                blocked = [e for e in failures.values() if isinstance(e, AdmissionBlocked)]
+                if blocked:
+                    raise blocked[0]  # a block is no failure: the runtime settles it
+                raise dependency_failures(failures)
         except BaseException:
             await self._close(*sys.exc_info())
             raise
@@ -537,14 +675,21 @@ class _Resolution(AbstractAsyncContextManager[ResolvedCall]):
 
 
 def resolve(
-    function: Callable[..., Any], context: TaskContext
+    function: Callable[..., Any],
+    context: TaskContext,
+    worker_dependencies: Mapping[str, Dependency] = _NO_DEPENDENCIES,
 ) -> AbstractAsyncContextManager[ResolvedCall]:
     """Resolve ``function``'s dependencies for one execution.
 
     Entering yields the ready call; leaving exits the dependencies' context
     managers in reverse order (also when the task failed).  Errors raised while
     resolving propagate out of ``async with`` after cleaning up what was
-    already entered.  The contextvars ``current_docket``, ``current_worker``
-    and ``current_execution`` are set for the duration.
+    already entered; a dependency that raises an ``Exception`` does not stop
+    the others from resolving, and the failures are raised together
+    (``dependency_failures``), unless one is an ``AdmissionBlocked``: that is
+    raised as it is.  ``worker_dependencies`` (``Worker(dependencies=...)``)
+    resolve first, in the same run (they share its cache), and are not
+    passed to the function.  The contextvars ``current_docket``,
+    ``current_worker`` and ``current_execution`` are set for the duration.
     """
-    return _Resolution(function, context)
+    return _Resolution(function, context, worker_dependencies)

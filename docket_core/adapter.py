@@ -106,6 +106,21 @@ class ReadResult:
     malformed: tuple[MalformedEntry, ...] = ()
 
 
+@attrs.frozen(slots=True, kw_only=True)
+class Depths:
+    """How many messages of a docket wait, and for what, at one ``now``.
+
+    ``queued``: due and not yet handed to a worker (queued, or scheduled with
+    ``when <= now`` and not yet moved to the queue by a read); ``scheduled``:
+    due later, or parked behind a full concurrency limit (their records say
+    ``scheduled``); ``held``: handed to a worker and not yet acknowledged.
+    Their sum is ``pending()``."""
+
+    queued: int
+    scheduled: int
+    held: int
+
+
 @runtime_checkable
 class StorageAdapter(Protocol):
     """One docket's view of a store.  Every method may raise ``StoreError``
@@ -157,11 +172,9 @@ class StorageAdapter(Protocol):
         queued messages.  When there is nothing, wait up to ``block`` seconds,
         and never past the soonest due time, for something to be queued or
         scheduled, then return what there is (possibly nothing: the caller loops).
-
-        The server stores may hand out fewer than ``count`` while messages
-        are queued: a wake-up entry (put in the stream when a new soonest
-        message is scheduled, so blocked readers re-arm) counts against
-        ``count`` and is dropped.  The next read hands out the rest.
+        A message scheduled sooner than every other one ends such a wait
+        at once (on the servers through a wake-up entry kept apart from the
+        queue, so it neither counts as a message nor against ``count``).
 
         Stale slots: a read also frees the slots of the limits with waiters
         whose holders have not renewed them for ``redelivery_timeout``
@@ -171,10 +184,13 @@ class StorageAdapter(Protocol):
         """
 
     async def pending(self) -> int:
-        """How many messages are scheduled, queued, parked or held by a worker.
+        """How many messages are scheduled, queued, parked or held by a worker."""
 
-        On the servers this also counts the wake-up entries not yet read
-        (see ``read``): a worker running until finished reads once more."""
+    async def depths(self, now: float) -> Depths:
+        """The docket's depths at ``now`` (``Depths``), exact, in one cheap
+        step that changes nothing (the servers count, never list): a
+        scheduled message due by ``now`` counts as queued before a read
+        moves it."""
 
     async def get_record(self, key: str) -> ExecutionRecord | None:
         """The key's record, or ``None`` when unknown or expired."""
@@ -205,8 +221,8 @@ class StorageAdapter(Protocol):
         """Listen to the key's state and progress events (live ones only)."""
 
     def cancellations(self) -> AbstractAsyncContextManager[AsyncIterator[tuple[str, int]]]:
-        """Listen to cancellations (for workers): ``(key, generation)`` pairs,
-        the generation being the one the cancel gave the key."""
+        """Listen to cancellations (for workers): ``(key, generation)`` pairs;
+        runs of the key with a generation below it stop."""
 
     async def add_strike(self, instruction: StrikeInstruction) -> None:
         """Append a strike or restore for every process of the docket."""

@@ -6,13 +6,16 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from ._calls import unregistered
 from .sansio.errors import UsageError
 
 if TYPE_CHECKING:
     from .docket import Docket
     from .execution import Execution
 
-_Call = tuple["Callable[..., Any] | str", "str | None", tuple[Any, ...], dict[str, Any]]
+#: one collected call, as pydocket's ``Agenda`` iterates them:
+#: ``(function, args, kwargs, key)``
+AgendaItem = tuple["Callable[..., Any] | str", tuple[Any, ...], dict[str, Any], "str | None"]
 
 
 def scatter_times(count: int, start: float, over: float) -> list[float]:
@@ -25,10 +28,11 @@ def scatter_times(count: int, start: float, over: float) -> list[float]:
 
 
 class Agenda:
-    """A list of calls to schedule together."""
+    """A list of calls to schedule together; iterating gives each as
+    ``(function, args, kwargs, key)``."""
 
     def __init__(self) -> None:
-        self._calls: list[_Call] = []
+        self._calls: list[AgendaItem] = []
 
     def add(
         self, function: Callable[..., Any] | str, key: str | None = None
@@ -36,7 +40,7 @@ class Agenda:
         """Collect ``function(*args, **kwargs)``: ``agenda.add(fn)(*args)``."""
 
         def collect(*args: Any, **kwargs: Any) -> None:
-            self._calls.append((function, key, args, kwargs))
+            self._calls.append((function, args, kwargs, key))
 
         return collect
 
@@ -46,7 +50,7 @@ class Agenda:
     def __len__(self) -> int:
         return len(self._calls)
 
-    def __iter__(self) -> Iterator[_Call]:
+    def __iter__(self) -> Iterator[AgendaItem]:
         return iter(self._calls)
 
     async def scatter(
@@ -65,10 +69,10 @@ class Agenda:
         ``random.random``).  Unknown task names fail before anything is
         scheduled; stable keys make a second scatter a no-op."""
         if over.total_seconds() <= 0:
-            raise UsageError("scatter needs a positive window")
+            raise UsageError("'over' parameter must be a positive duration")
         for function, _, _, _ in self._calls:
             if isinstance(function, str) and function not in docket.tasks:
-                raise KeyError(f"unknown task {function!r}")
+                raise unregistered(function)
         if not self._calls:
             return []
         begin = (start or datetime.now(UTC)).timestamp()
@@ -81,7 +85,7 @@ class Agenda:
             spread = jitter.total_seconds()
             times = [max(begin, t + (random() * 2 - 1) * spread) for t in times]
         executions = []
-        for (function, key, args, kwargs), at in zip(self._calls, times, strict=True):
+        for (function, args, kwargs, key), at in zip(self._calls, times, strict=True):
             when = datetime.fromtimestamp(at, UTC)
             executions.append(await docket.add(function, when=when, key=key)(*args, **kwargs))
         return executions

@@ -14,6 +14,9 @@ execution learns what the store did with it (scheduled, already scheduled).
 Strikes are read once, when the block starts.  If the block raises, nothing
 is sent.  Within one chunk the calls are carried out in order, so two calls
 with the same key behave as they would one after the other.
+
+pydocket 0.27's ``Docket.add_many``/``replace_many`` (of ``Docket.call``'s
+``TaskCall`` values) are one such block.
 """
 
 from __future__ import annotations
@@ -126,7 +129,7 @@ class Batch:
                 now=now,
             )
             effect = plan_add(call, strikes, now=now)
-            if effect is None:
+            if effect is None or docket.strike_list.meets_condition(execution):
                 return struck(execution)
             self._pending.append((execution, effect))
             return execution

@@ -23,56 +23,74 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, NoReturn, TypeVar, cast, overload
 
-import cloudpickle
-
 from ._resolution import (
     Dependency,
     Logged,
     ResolvedCall,
     Run,
     TaskContext,
-    _signature,
     bind_arguments,
     call_repr,
     current_docket,
     current_execution,
     current_worker,
-    factory_plan,
     forced_retry_at,
     resolve,
     task_policy,
     validate,
 )
+from .controls import Cooldown, Debounce, RateLimit
+from .extensions import CompletionHandler, FailureHandler, Runtime
+from .outcomes import (
+    ADMISSION_BLOCKED_RETRY_DELAY,
+    AdmissionBlocked,
+    TaskOutcome,
+    carried_out_by_the_core,
+)
+from .perpetual import Cron, Perpetual
 from .sansio.decisions import retry_delay
 from .sansio.errors import ForcedRetry, UsageError
-from .sansio.inputs import FollowUp
 from .sansio.values import (
     DEFAULT_PROGRESS_TOTAL,
     ConcurrencyPolicy,
-    PerpetualPolicy,
     RetryPolicy,
 )
-from .serialization import CALL, Signing
+from .shared import Shared, SharedScope, WorkerDependencyError
 
 __all__ = [
+    "ADMISSION_BLOCKED_RETRY_DELAY",
+    "AdmissionBlocked",
+    "CallArgument",
+    "CompletionHandler",
     "ConcurrencyLimit",
+    "Cooldown",
+    "Cron",
     "CurrentDocket",
     "CurrentExecution",
     "CurrentWorker",
+    "CycleError",
+    "Debounce",
     "Dependency",
     "Depends",
     "ExponentialRetry",
+    "FailureHandler",
     "ForcedRetry",
     "Logged",
     "Perpetual",
     "Progress",
+    "RateLimit",
     "ResolvedCall",
     "Retry",
+    "Runtime",
+    "Shared",
+    "SharedScope",
     "TaskArgument",
     "TaskContext",
     "TaskKey",
     "TaskLogger",
+    "TaskOutcome",
     "Timeout",
+    "WorkerDependencyError",
     "bind_arguments",
     "call_repr",
     "current_docket",
@@ -126,21 +144,16 @@ class _TaskKey(Dependency):
 class _TaskArgument(Dependency):
     """One of the task's arguments, by name.
 
-    Inside a ``Depends`` factory the name defaults to the factory parameter's
-    own name.  A missing argument is a ``UsageError`` unless ``optional``
-    (then ``None``).
+    Without a name it takes the name of the parameter it is the default of
+    (in a ``Depends`` factory, the factory's parameter; on the task itself,
+    the caller's value for that parameter).  A missing argument fails the run
+    with a ``UsageError`` unless ``optional`` (then ``None``); as in pydocket,
+    nothing about it is refused at registration.
     """
 
     def __init__(self, parameter: str | None = None, optional: bool = False) -> None:
         self.parameter = parameter
         self.optional = optional
-
-    def _check(self, function: Callable[..., Any], parameter: str, top_level: bool) -> None:
-        if top_level and self.parameter is None:
-            raise UsageError(
-                f"TaskArgument() on {parameter!r} of {getattr(function, '__name__', function)} "
-                "needs a parameter name (only Depends factories can infer it)"
-            )
 
     async def _inject(self, run: Run, parameter: str) -> Any:
         name = self.parameter or parameter
@@ -156,6 +169,53 @@ class _TaskArgument(Dependency):
 
     def __repr__(self) -> str:
         return f"TaskArgument({self.parameter!r}, optional={self.optional})"
+
+
+class CycleError(UsageError):
+    """``CallArgument``s that refer to each other in a circle."""
+
+
+class _CallArgument(Dependency):
+    """An argument of the call by name, as the task sees it: what the caller
+    passed, else the parameter's plain default, else the value of the task's
+    own dependency for that parameter (resolved once, shared with the task).
+
+    Without a name it takes the name of the parameter it is the default of.
+    A missing one fails the run with a ``UsageError`` unless ``optional``
+    (then ``None``); parameters that resolve through each other in a circle
+    fail with a ``CycleError``.
+    """
+
+    def __init__(self, parameter: str | None = None, optional: bool = False) -> None:
+        self.parameter = parameter
+        self.optional = optional
+
+    async def _inject(self, run: Run, parameter: str) -> Any:
+        name = self.parameter or parameter
+        arguments = run.arguments
+        if name in arguments:
+            return arguments[name]
+        sibling = run.sibling(name)
+        refers_to_itself = isinstance(sibling, _CallArgument) and sibling.parameter in (None, name)
+        if sibling is None or refers_to_itself:
+            if self.optional:
+                return None
+            raise UsageError(
+                f"CallArgument {name!r} but the call of {run.context.function_name} "
+                "has no such argument"
+            )
+        if name in run.resolving:
+            raise CycleError(
+                f"CallArgument {name!r} of {run.context.function_name} depends on itself"
+            )
+        run.resolving.add(name)
+        try:
+            return await run.inject(sibling, name)
+        finally:
+            run.resolving.discard(name)
+
+    def __repr__(self) -> str:
+        return f"CallArgument({self.parameter!r}, optional={self.optional})"
 
 
 class _TaskLogger(Dependency):
@@ -184,9 +244,6 @@ class _Depends(Dependency):
 
     def __init__(self, factory: Callable[..., Any]) -> None:
         self.factory = factory
-
-    def _check(self, function: Callable[..., Any], parameter: str, top_level: bool) -> None:
-        factory_plan(self.factory)
 
     def _cache_key(self) -> object | None:
         return self.factory
@@ -223,6 +280,12 @@ def TaskArgument(parameter: str | None = None, optional: bool = False) -> Any:
     return _TaskArgument(parameter, optional)
 
 
+def CallArgument(parameter: str | None = None, optional: bool = False) -> Any:
+    """Inject an argument of the call, or the value of the task's dependency
+    for that parameter (see ``_CallArgument``)."""
+    return _CallArgument(parameter, optional)
+
+
 def TaskLogger() -> logging.LoggerAdapter[logging.Logger]:
     """Inject a ``LoggerAdapter`` labelled with the docket, worker and key."""
     return cast("logging.LoggerAdapter[logging.Logger]", _TaskLogger())
@@ -248,23 +311,31 @@ def Depends(factory: Callable[..., Any]) -> Any:
 # -- retries -----------------------------------------------------------------------
 
 
-class Retry(Dependency):
+class Retry(FailureHandler):
     """Retry a failed task: ``attempts`` in total (``None``: forever), ``delay`` apart.
 
     The injected copy knows the current ``attempt`` (1-based) and the
     ``delay`` a failure of it waits (``decisions.retry_delay``, as the worker
     computes it), and can ask for a retry with ``after(delay)``/``in_(delay)``/
     ``at(when)``, which raise ``ForcedRetry`` (still bounded by ``attempts``).
+
+    As in pydocket, a ``Retry`` the caller passes for the parameter
+    (``add(task)(retry=Retry(3))``) drives the retries instead of the declared
+    one; the task gets it as passed.
     """
 
     single: ClassVar[bool] = True
+    _per_call: ClassVar[bool] = True
 
     def __init__(self, attempts: int | None = 1, delay: timedelta = timedelta(0)) -> None:
-        if attempts is not None and attempts < 1:
-            raise UsageError("Retry attempts must be at least 1 (or None for forever)")
+        # (as in pydocket, ``attempts`` below 1 is taken as 1: no retry)
         self.attempts = attempts
         self.delay = delay
         self.attempt = 1
+        #: whether this class's own ``handle_failure`` let the core retry
+        self._core_retry = False
+        #: the parameters of tasks this retry is the default of (``_check``)
+        self._parameters: tuple[str, ...] = ()
 
     @classmethod
     def forever(cls, delay: timedelta = timedelta(0)) -> Retry:
@@ -275,6 +346,19 @@ class Retry(Dependency):
 
     def _policy(self) -> dict[str, Any]:
         return {"retry": self._retry_policy()}
+
+    def _check(self, function: Callable[..., Any], parameter: str, top_level: bool) -> None:
+        if top_level and parameter not in self._parameters:
+            self._parameters += (parameter,)
+
+    def _call_policy(
+        self, function_name: str, docket_name: str, arguments: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        for name in self._parameters:
+            given = arguments.get(name)
+            if isinstance(given, Retry):
+                return {"retry": given._retry_policy()}
+        return {}
 
     def _cache_key(self) -> object | None:
         return self
@@ -297,6 +381,15 @@ class Retry(Dependency):
         """Stop this attempt; retry at ``when``."""
         raise ForcedRetry(when=when.timestamp())
 
+    @carried_out_by_the_core
+    async def handle_failure(self, execution: Any, outcome: TaskOutcome) -> bool:
+        """Whether a failure of ``execution`` is retried: the core schedules
+        the retry itself when the run's end is recorded (a subclass that
+        overrides this and calls it lets the core retry)."""
+        retries = self.attempts is None or getattr(execution, "attempt", 1) < self.attempts
+        self._core_retry = retries
+        return retries
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(attempts={self.attempts}, delay={self.delay!r})"
 
@@ -310,7 +403,12 @@ class ExponentialRetry(Retry):
         attempts: int | None = 1,
         minimum_delay: timedelta = timedelta(seconds=1),
         maximum_delay: timedelta = timedelta(seconds=64),
+        *,
+        delay: timedelta | None = None,
     ) -> None:
+        """``delay`` (0.27's word) is the first delay, as ``minimum_delay``."""
+        if delay is not None:
+            minimum_delay = delay
         super().__init__(attempts=attempts, delay=minimum_delay)
         self.minimum_delay = minimum_delay
         self.maximum_delay = maximum_delay
@@ -318,10 +416,15 @@ class ExponentialRetry(Retry):
     @classmethod
     def forever(
         cls,
-        minimum_delay: timedelta = timedelta(seconds=1),
+        delay: timedelta = timedelta(seconds=1),
         maximum_delay: timedelta = timedelta(seconds=64),
+        *,
+        minimum_delay: timedelta | None = None,
     ) -> ExponentialRetry:
-        return cls(attempts=None, minimum_delay=minimum_delay, maximum_delay=maximum_delay)
+        """Retry forever, from ``delay`` (``minimum_delay``, the older word)
+        doubling up to ``maximum_delay``."""
+        first = minimum_delay if minimum_delay is not None else delay
+        return cls(attempts=None, minimum_delay=first, maximum_delay=maximum_delay)
 
     def _retry_policy(self) -> RetryPolicy:
         return RetryPolicy(
@@ -338,86 +441,13 @@ class ExponentialRetry(Retry):
         )
 
 
-# -- perpetual tasks ---------------------------------------------------------------
-
-
-class Perpetual(Dependency):
-    """Run the task again ``every`` interval (start to start) after each run.
-
-    ``automatic`` tasks (which take no arguments) are scheduled by workers on
-    their own.  The injected copy can ``cancel()`` the chain, ``perpetuate()``
-    with other arguments, or move the next run with ``after``/``at``.
-    """
-
-    single: ClassVar[bool] = True
-
-    def __init__(self, every: timedelta = timedelta(0), automatic: bool = False) -> None:
-        self.every = every
-        self.automatic = automatic
-        self.cancelled = False
-        self.args: tuple[Any, ...] | None = None
-        self.kwargs: dict[str, Any] | None = None
-        self.next_at: float | None = None
-        self._now: Callable[[], float] = time.time
-        #: the docket's signing keys, for the next run's arguments
-        self._signing: Signing | None = None
-
-    def _policy(self) -> dict[str, Any]:
-        return {
-            "perpetual": PerpetualPolicy(every=self.every.total_seconds(), automatic=self.automatic)
-        }
-
-    def _cache_key(self) -> object | None:
-        return Perpetual
-
-    async def _inject(self, run: Run, parameter: str) -> Any:
-        injected = _copy(self)
-        injected._now = run.context.now
-        injected._signing = getattr(run.context.docket, "signing", None)
-        run.follow_ups.append(injected)
-        return injected
-
-    def cancel(self) -> None:
-        """End the chain: no next run."""
-        self.cancelled = True
-
-    def perpetuate(self, *args: Any, **kwargs: Any) -> None:
-        """Call the next run with these arguments."""
-        self.args = args
-        self.kwargs = kwargs
-
-    def after(self, delay: timedelta) -> None:
-        """Schedule the next run ``delay`` from now instead of ``every``."""
-        self.next_at = self._now() + delay.total_seconds()
-
-    def at(self, when: datetime) -> None:
-        """Schedule the next run at ``when`` instead of after ``every``."""
-        self.next_at = when.timestamp()
-
-    def _follow_up(self) -> FollowUp | None:
-        if not self.cancelled and self.next_at is None and self.args is None:
-            return None
-        payload = None
-        if self.args is not None:
-            payload = cloudpickle.dumps((self.args, self.kwargs or {}))
-            if self._signing is not None:
-                payload = self._signing.sign(CALL, payload)
-        return FollowUp(
-            perpetual_cancelled=self.cancelled,
-            perpetual_at=self.next_at,
-            perpetual_payload=payload,
-        )
-
-    def __repr__(self) -> str:
-        return f"Perpetual(every={self.every!r}, automatic={self.automatic})"
-
-
 # -- timeouts ----------------------------------------------------------------------
 
 
-class Timeout(Dependency):
+class Timeout(Runtime):
     """Cancel the task once it has run for ``base``; the injected copy can
-    ``extend`` the deadline and tell how much time ``remaining()``."""
+    ``extend`` the deadline and tell how much time ``remaining()``.  The core
+    keeps the deadline: ``run`` just calls the function."""
 
     single: ClassVar[bool] = True
 
@@ -464,6 +494,17 @@ class Timeout(Dependency):
     def expired(self) -> bool:
         return self._current_deadline() <= self._now()
 
+    @carried_out_by_the_core
+    async def run(
+        self,
+        execution: Any,
+        function: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Call the function (its deadline is the worker core's)."""
+        return await function(*args, **kwargs)
+
     def __repr__(self) -> str:
         return f"Timeout({self.base!r})"
 
@@ -505,19 +546,6 @@ class ConcurrencyLimit(Dependency):
             bound.argument_name = parameter
         return bound
 
-    def _check(self, function: Callable[..., Any], parameter: str, top_level: bool) -> None:
-        if not top_level or self.argument_name is None:
-            return
-        parameters = _signature(function).parameters
-        if self.argument_name in parameters:
-            return
-        if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-            return
-        raise UsageError(
-            f"ConcurrencyLimit on {self.argument_name!r} but "
-            f"{getattr(function, '__name__', function)} has no such parameter"
-        )
-
     def _call_policy(
         self, function_name: str, docket_name: str, arguments: Mapping[str, Any]
     ) -> dict[str, Any]:
@@ -530,7 +558,8 @@ class ConcurrencyLimit(Dependency):
                 value = arguments[name]
             except KeyError:
                 raise UsageError(
-                    f"ConcurrencyLimit on {name!r} but the call has no such argument"
+                    f"ConcurrencyLimit argument {name!r} not found in task arguments. "
+                    f"Available: {list(arguments)}"
                 ) from None
             key = f"{prefix}:{name}:{value!r}"
         policy = ConcurrencyPolicy(
@@ -567,7 +596,7 @@ class Progress(Dependency):
 
     async def set_total(self, total: int) -> None:
         if total < 1:
-            raise UsageError("progress total must be at least 1")
+            raise UsageError("Total must be at least 1")
         self.total = total
         if self._report is not None:
             await self._report(total=total)
@@ -579,7 +608,7 @@ class Progress(Dependency):
 
     async def increment(self, amount: int = 1) -> None:
         if amount < 1:
-            raise UsageError("progress increments must be at least 1")
+            raise UsageError("Amount must be at least 1")
         self.current += amount
         if self._report is not None:
             await self._report(increment=amount)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import importlib
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import attrs
 
@@ -16,15 +16,16 @@ from . import instrumentation
 from ._calls import TaskFunction, pending_call, resolve_task, settle, struck, uuid7
 from .adapter import StorageAdapter, adapter_for_url
 from .dependencies import validate
-from .execution import Execution, to_datetime
+from .execution import Execution, TaskCall, to_datetime
 from .instrumentation import TASKS_CANCELLED, producer_span, trace_headers
 from .lua.base import ScriptedStore
 from .sansio.decisions import is_live, liveness_window, plan_add
 from .sansio.effects import Cancel
 from .sansio.errors import UsageError
-from .sansio.strikes import Operator, StrikeInstruction
+from .sansio.strikes import Operator
 from .sansio.values import DeadLetter, MalformedEntry, ScheduleMode
 from .serialization import Signing, SigningKeys
+from .strikelist import LiteralOperator, Restore, Strike, StrikeList, instruction_for
 
 if TYPE_CHECKING:
     from .batch import Batch
@@ -120,17 +121,24 @@ class Docket:
         self.signing = Signing.resolve(signing_key)
         if isinstance(self.adapter, ScriptedStore):
             self.adapter.signing = self.signing  # it pickles the strikes
+        #: the docket's strikes, as of its last look at the store
+        self.strike_list = StrikeList(name=name, adapter=self.adapter)
         self.tasks: dict[str, TaskFunction] = {}
         self._opened = False
         from .tasks import standard_tasks
 
         for task in standard_tasks:
-            self.register(cast(TaskFunction, task))
+            self.register(task)
 
     async def __aenter__(self) -> Docket:
         if self._opened:
             raise UsageError("a Docket is not re-entrant")
         await self.adapter.open()
+        try:
+            await self.strike_list.refresh()
+        except BaseException:
+            await self.adapter.close()
+            raise
         self._opened = True
         return self
 
@@ -142,6 +150,10 @@ class Docket:
     ) -> None:
         self._opened = False
         await self.adapter.close()
+
+    def labels(self) -> Mapping[str, str]:
+        """The docket's telemetry attributes."""
+        return {"docket.name": self.name}
 
     # -- registry ----------------------------------------------------------------
 
@@ -261,11 +273,92 @@ class Docket:
                 now=now,
             )
             effect = plan_add(call, strikes, now=now)
-            if effect is None:
+            if effect is None or self.strike_list.meets_condition(execution):
                 return struck(execution)
             (outcome,) = await self.adapter.execute([effect])
         settle(execution, outcome)
         return execution
+
+    async def schedule(self, execution: Execution) -> None:
+        """Add ``execution`` as built (its function, arguments, key and
+        ``when``), as ``add`` would; it learns its disposition and state."""
+        function = execution.function or execution.function_name
+        added = await self.add(function, when=execution.when, key=execution.key)(
+            *execution.args, **execution.kwargs
+        )
+        execution.disposition, execution.state = added.disposition, added.state
+        execution._generation = added.generation
+
+    @overload
+    def call(
+        self,
+        function: Callable[P, Awaitable[R]],
+        when: datetime | None = None,
+        key: str | None = None,
+    ) -> Callable[P, TaskCall]: ...
+
+    @overload
+    def call(
+        self,
+        function: Callable[P, R],
+        when: datetime | None = None,
+        key: str | None = None,
+    ) -> Callable[P, TaskCall]: ...
+
+    @overload
+    def call(
+        self, function: str, when: datetime | None = None, key: str | None = None
+    ) -> Callable[..., TaskCall]: ...
+
+    def call(
+        self,
+        function: TaskFunction | str,
+        when: datetime | None = None,
+        key: str | None = None,
+    ) -> Callable[..., TaskCall]:
+        """A call for ``add_many``/``replace_many``: ``docket.call(fn, when,
+        key)(*args, **kwargs)`` is a ``TaskCall``.  As in pydocket, ``when``
+        (default: now) and ``key`` (default: a new uuid7) are settled here,
+        once for every call made with the returned function."""
+        task, _ = resolve_task(self, function)
+        function_name = function if isinstance(function, str) else None
+        at = when or utcnow()
+        chosen = key or uuid7()
+
+        def specify(*args: Any, **kwargs: Any) -> TaskCall:
+            return TaskCall(task, args, kwargs, chosen, at, function_name)
+
+        return specify
+
+    async def add_many(
+        self, calls: Iterable[TaskCall], *, chunk_size: int | None = 1000
+    ) -> list[Execution]:
+        """``add`` every call, ``chunk_size`` to a round trip (``None``: all
+        in one); one execution per call, in order, each with its disposition."""
+        return await self._schedule_many(calls, ScheduleMode.ADD, chunk_size)
+
+    async def replace_many(
+        self, calls: Iterable[TaskCall], *, chunk_size: int | None = 1000
+    ) -> list[Execution]:
+        """``replace`` every call (each under its ``key``), as ``add_many`` adds."""
+        return await self._schedule_many(calls, ScheduleMode.REPLACE, chunk_size)
+
+    async def _schedule_many(
+        self, calls: Iterable[TaskCall], mode: ScheduleMode, chunk_size: int | None
+    ) -> list[Execution]:
+        if chunk_size is not None and chunk_size < 1:
+            raise UsageError(f"chunk_size must be at least 1, got {chunk_size}")
+        calls = list(calls)
+        executions: list[Execution] = []
+        async with self.batch(chunk=chunk_size or max(len(calls), 1)) as batch:
+            for call in calls:
+                function = call.function_name or call.function
+                if mode is ScheduleMode.ADD:
+                    collect = batch.add(function, when=call.when, key=call.key)
+                else:
+                    collect = batch.replace(function, when=call.when, key=call.key)
+                executions.append(collect(*call.args, **call.kwargs))
+        return executions
 
     def batch(self, chunk: int = 1000) -> Batch:
         """``async with docket.batch() as batch: batch.add(fn)(...)``: adds and
@@ -289,9 +382,7 @@ class Docket:
         if record is None:
             return None
         execution = Execution.from_record(self, record)
-        progress = await self.adapter.get_progress(key)
-        if progress is not None:
-            execution.progress = progress
+        execution.progress._apply(await self.adapter.get_progress(key))
         return execution
 
     # -- strikes ------------------------------------------------------------------------
@@ -300,48 +391,29 @@ class Docket:
         self,
         function: TaskFunction | str | None = None,
         parameter: str | None = None,
-        operator: Operator | str = "==",
+        operator: Operator | LiteralOperator = "==",
         value: Any = None,
     ) -> None:
         """Stop matching calls from being scheduled or run until restored."""
-        instruction = self._instruction(function, parameter, operator, value, False)
-        with producer_span("strike", self.name):
-            await self.adapter.add_strike(instruction)
+        instruction = instruction_for(Strike, function, parameter, operator, value)
+        with producer_span("strike", self.name, instruction.labels()):
+            await self.strike_list.send_instruction(instruction)
 
     async def restore(
         self,
         function: TaskFunction | str | None = None,
         parameter: str | None = None,
-        operator: Operator | str = "==",
+        operator: Operator | LiteralOperator = "==",
         value: Any = None,
     ) -> None:
         """Lift a strike made with the same arguments."""
-        instruction = self._instruction(function, parameter, operator, value, True)
-        with producer_span("restore", self.name):
-            await self.adapter.add_strike(instruction)
-
-    @staticmethod
-    def _instruction(
-        function: TaskFunction | str | None,
-        parameter: str | None,
-        operator: Operator | str,
-        value: Any,
-        restore: bool,
-    ) -> StrikeInstruction:
-        if function is not None and not isinstance(function, str):
-            function = function.__name__
-        if function is None and parameter is None:
-            raise UsageError("a strike needs a function, a parameter, or both")
-        return StrikeInstruction(
-            function=function,
-            parameter=parameter,
-            operator=Operator(operator),
-            value=value,
-            restore=restore,
-        )
+        instruction = instruction_for(Restore, function, parameter, operator, value)
+        with producer_span("restore", self.name, instruction.labels()):
+            await self.strike_list.send_instruction(instruction)
 
     async def wait_for_strikes_loaded(self) -> None:
-        """Strikes are current once ``__aenter__`` returns; kept for compatibility."""
+        """Read the strikes now (``strike_list`` then shows them all)."""
+        await self.strike_list.wait_for_strikes_loaded()
 
     # -- inspection ----------------------------------------------------------------------
 

@@ -1,4 +1,12 @@
-"""``Execution``: a handle on one scheduled call, its state, progress and result."""
+"""``Execution``: a handle on one scheduled call, its state, progress and result.
+
+The names pydocket's ``docket.execution`` offers are here too: the states
+(``ExecutionState``, ``Disposition``), the events ``subscribe`` and
+``events`` give (``StateEvent``, ``ProgressEvent``), ``ExecutionProgress``,
+``TaskCall`` (``Docket.call``) and the strike values of
+``docket_core.strikelist`` (``Operator``, ``Strike``, ``Restore``,
+``StrikeList``).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +16,15 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import attrs
 
+from ._execution_progress import ExecutionProgress
 from .adapter import ProgressEvent, StateEvent, StoreEvent
 from .sansio.errors import ExecutionCancelled as ExecutionCancelled
 from .sansio.errors import StoreError
-from .sansio.values import Disposition, ExecutionRecord, ExecutionState, ProgressRecord
+from .sansio.values import Disposition, ExecutionRecord, ExecutionState
 from .serialization import SignatureError, describe, loads_call, loads_value
+from .strikelist import LiteralOperator, Operator, Restore, Strike, StrikeInstruction, StrikeList
 
 #: how often a waiting ``get_result`` looks at the record itself, besides
 #: its events (one published while the subscriber reconnected is lost)
@@ -31,6 +42,23 @@ def to_timestamp(when: datetime) -> float:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return when.timestamp()
+
+
+TaskFunction = Callable[..., Any]
+
+
+@attrs.frozen(slots=True)
+class TaskCall:
+    """One call to schedule, every input settled (``Docket.call(fn)(...)``);
+    ``Docket.add_many``/``replace_many`` take a list of them.
+    ``function_name`` is set when the task was named rather than passed."""
+
+    function: TaskFunction
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    key: str
+    when: datetime
+    function_name: str | None = None
 
 
 class Execution:
@@ -68,7 +96,7 @@ class Execution:
         self.started_at: datetime | None = None
         self.completed_at: datetime | None = None
         self.error: str | None = None
-        self.progress = ProgressRecord()
+        self.progress = ExecutionProgress(docket, key)
         self._result: bytes | None = None
 
     # -- identity --------------------------------------------------------------
@@ -114,11 +142,14 @@ class Execution:
         return bind_arguments(self._function, self._args, self._kwargs)[name]
 
     def call_repr(self) -> str:
+        """``name(args){key}``, as the worker's log lines show the call:
+        arguments print as ``...`` unless their parameter is ``Logged``."""
         from .dependencies import call_repr
 
         if self._function is None:
-            return f"{self._function_name}(...)"
-        return call_repr(self._function, self._function_name, self._args, self._kwargs)
+            return f"{self._function_name}(...){{{self._key}}}"
+        call = call_repr(self._function, self._function_name, self._args, self._kwargs)
+        return f"{call}{{{self._key}}}"
 
     def __repr__(self) -> str:
         return f"<Execution {self._key} {self._function_name} {self.state.value}>"
@@ -162,9 +193,15 @@ class Execution:
         record = await self._docket.adapter.get_record(self._key)
         if record is not None:
             self._apply(record)
-        progress = await self._docket.adapter.get_progress(self._key)
-        if progress is not None:
-            self.progress = progress
+        self.progress._apply(await self._docket.adapter.get_progress(self._key))
+
+    async def is_superseded(self) -> bool:
+        """Whether a later ``replace`` (or a retry, a perpetual follow-up) of
+        the key holds it now; always false for an execution of generation 0."""
+        if self._generation == 0:
+            return False
+        record = await self._docket.adapter.get_record(self._key)
+        return record is not None and record.generation > self._generation
 
     def _apply_event(self, event: StoreEvent) -> None:
         if type(event) is StateEvent:
@@ -178,7 +215,7 @@ class Execution:
             if event.error is not None:
                 self.error = event.error
         elif type(event) is ProgressEvent:
-            self.progress = event.progress
+            self.progress._apply(event.progress)
 
     # -- events and results ----------------------------------------------------------
 
@@ -189,14 +226,7 @@ class Execution:
             await self.sync()
             worker, error = self.worker or None, self.error or None
             yield StateEvent(key=self._key, state=self.state, worker=worker, error=error)
-            p = self.progress
-            yield ProgressEvent(
-                key=self._key,
-                current=p.current,
-                total=p.total,
-                message=p.message,
-                updated_at=p.updated_at,
-            )
+            yield self.progress.event()
             async for event in events:
                 self._apply_event(event)
                 yield event
@@ -212,8 +242,11 @@ class Execution:
     ) -> Any:
         """Wait for the execution to end; return its result or raise its error.
 
-        Raises ``ExecutionCancelled`` for a cancelled execution and
-        ``TimeoutError`` when it has not ended by ``timeout``/``deadline``."""
+        Raises ``ExecutionCancelled`` for a cancelled execution,
+        ``TimeoutError`` when it has not ended by ``timeout``/``deadline``,
+        and ``ValueError`` when given both."""
+        if timeout is not None and deadline is not None:
+            raise ValueError("Cannot specify both timeout and deadline")
         seconds = math.inf
         if timeout is not None:
             seconds = timeout.total_seconds()
@@ -232,7 +265,7 @@ class Execution:
                         group.cancel_scope.cancel()
                     await self.sync()  # the result, and the end a recheck saw
                 return self._outcome()
-        raise TimeoutError(f"execution {self._key} did not finish in time")
+        raise TimeoutError(f"Timeout waiting for execution {self._key} to complete")
 
     async def _recheck(self, waiting: anyio.CancelScope) -> None:
         """Look at the record now and then while waiting for its events (an
@@ -250,26 +283,26 @@ class Execution:
 
     def _outcome(self) -> Any:
         if self.state is ExecutionState.CANCELLED:
-            raise ExecutionCancelled(f"execution {self._key} was cancelled")
+            raise ExecutionCancelled(f"Execution {self._key} was cancelled")
         if self.state is ExecutionState.FAILED:
             if self._result is not None:
                 try:
                     error = loads_value(self._result, self._docket.signing)
                 except SignatureError as unsigned:
                     raise SignatureError(
-                        f"{self.error or 'the task failed'}; its exception was not "
+                        f"{self.error or 'Task execution failed'}; its exception was not "
                         f"unpickled: {unsigned}"
                     ) from None
                 except Exception as unreadable:
                     raise Exception(
-                        f"{self.error or 'the task failed'} (its exception could not be "
+                        f"{self.error or 'Task execution failed'} (its exception could not be "
                         f"unpickled here: {describe(unreadable)})"
                     ) from unreadable
                 if isinstance(error, Exception):
                     raise error
             # (a SystemExit or KeyboardInterrupt the task raised is not raised
             # here: it would stop the program waiting for the result)
-            raise Exception(self.error or "the task failed")
+            raise Exception(self.error or "Task execution failed")
         if self._result is not None:
             try:
                 return loads_value(self._result, self._docket.signing)
@@ -283,3 +316,22 @@ class Execution:
                     f"{describe(unreadable)}"
                 ) from unreadable
         return None
+
+
+__all__ = [
+    "Disposition",
+    "Execution",
+    "ExecutionCancelled",
+    "ExecutionProgress",
+    "ExecutionState",
+    "LiteralOperator",
+    "Operator",
+    "ProgressEvent",
+    "Restore",
+    "StateEvent",
+    "Strike",
+    "StrikeInstruction",
+    "StrikeList",
+    "TaskCall",
+    "TaskFunction",
+]

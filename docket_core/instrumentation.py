@@ -17,10 +17,13 @@ Metrics:
   from the counts its core keeps (no cost on the hot path);
 - histograms ``docket_task_duration`` and ``docket_task_punctuality`` (start
   minus the scheduled time), in seconds;
-- ``docket_tasks_running``, the task functions each worker is running.
-
-``serve_healthcheck`` answers a liveness probe for ``docket worker
---healthcheck-port`` and ``Worker.run``.
+- ``docket_tasks_running``, the task functions each worker is running;
+- gauges ``docket_queue_depth`` (messages due and not yet handed to a worker)
+  and ``docket_schedule_depth`` (messages due later, or parked behind a full
+  concurrency limit) per docket, labelled ``docket.name``: a gauge's callback
+  cannot wait for the store, so each worker refreshes them on its heartbeat
+  (``measure_depths``, one cheap store call) and the callbacks report the
+  last values.
 
 Traces: spans ``docket.add``, ``docket.replace``, ``docket.batch``,
 ``docket.cancel``, ``docket.strike``, ``docket.restore`` and ``docket.clear``
@@ -30,20 +33,22 @@ the span that scheduled it (its context travels with the task's arguments).
 
 from __future__ import annotations
 
+import logging
 import os
-import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Protocol
 
+import anyio
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.metrics import _internal as _metrics_internal
 from opentelemetry.metrics._internal import _ProxyMeterProvider
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
+from .adapter import Depths, StorageAdapter
 from .sansio.errors import UsageError
 from .sansio.flight import Count
 
@@ -52,6 +57,7 @@ if TYPE_CHECKING:
 
 meter = metrics.get_meter("docket")
 tracer = trace.get_tracer("docket")
+_log = logging.getLogger("docket.instrumentation")
 
 # Whether an SDK is installed, checked for cheaply: the API's own getters cost
 # microseconds (an environment lookup each), too much to ask twice a task.  A
@@ -151,6 +157,17 @@ WORKER_COUNTERS: dict[str, tuple[str, tuple[Count, ...]]] = {
         "Runs that ended (succeeded, failed, retried or perpetuated)",
         (Count.SUCCEEDED, Count.FAILED, Count.RETRIED, Count.PERPETUATED),
     ),
+    # ours (pydocket has no such metrics): what the admission controls did
+    "docket_tasks_debounced": ("Deliveries a Debounce dropped", (Count.DEBOUNCED,)),
+    "docket_tasks_cooled_down": ("Deliveries a Cooldown dropped", (Count.COOLED_DOWN,)),
+    "docket_tasks_rate_limited": (
+        "Deliveries a RateLimit did not admit",
+        (Count.RATE_LIMITED,),
+    ),
+    "docket_tasks_rescheduled": (
+        "Deliveries not admitted and scheduled to run later",
+        (Count.RESCHEDULED,),
+    ),
 }
 
 
@@ -180,6 +197,76 @@ meter.create_observable_up_down_counter(
     unit="1",
     description="Task functions running now",
 )
+
+
+class Measured(Protocol):
+    """What the depth gauges read of a docket (``Docket`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def adapter(self) -> StorageAdapter: ...
+
+
+#: docket name -> its last measured depths (what the gauges report)
+_depths: dict[str, Depths] = {}
+#: docket name -> how many ``measure_depths`` loops keep it fresh
+_measuring: dict[str, int] = {}
+
+
+def _depth_gauge(field: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(options: CallbackOptions) -> Iterable[Observation]:
+        for name, depths in list(_depths.items()):
+            yield Observation(getattr(depths, field), {"docket.name": name})
+
+    return callback
+
+
+meter.create_observable_gauge(
+    "docket_queue_depth",
+    callbacks=[_depth_gauge("queued")],
+    unit="1",
+    description="Tasks due now and not yet handed to a worker",
+)
+meter.create_observable_gauge(
+    "docket_schedule_depth",
+    callbacks=[_depth_gauge("scheduled")],
+    unit="1",
+    description="Tasks due later, or waiting for a concurrency slot",
+)
+
+
+async def refresh_depths(docket: Measured) -> Depths:
+    """Measure the docket's depths now (one store call) and keep them for
+    the gauges; the store's errors reach the caller."""
+    depths = await docket.adapter.depths(time.time())
+    _depths[docket.name] = depths
+    return depths
+
+
+async def measure_depths(docket: Measured, interval: float) -> None:
+    """Refresh the docket's depth gauges every ``interval`` seconds while an
+    SDK collects metrics (without one, nothing is asked of the store), until
+    cancelled.  A failed measure withdraws the values until the next one
+    succeeds (a gauge shows nothing rather than a stale depth); the gauges
+    forget the docket when its last loop ends."""
+    name = docket.name
+    _measuring[name] = _measuring.get(name, 0) + 1
+    try:
+        while True:
+            if metering():
+                try:
+                    await refresh_depths(docket)
+                except Exception as error:  # a metric never stops a worker
+                    _depths.pop(name, None)
+                    _log.debug("docket %s: measuring its depths failed: %s", name, error)
+            await anyio.sleep(interval)
+    finally:
+        _measuring[name] -= 1
+        if not _measuring[name]:
+            del _measuring[name]
+            _depths.pop(name, None)
 
 
 def worker_attributes(worker: Watched) -> dict[str, str]:
@@ -284,29 +371,3 @@ def serve_metrics(port: int, host: str = "0.0.0.0") -> None:
         ) from error
     start_http_server(port, addr=host)
     metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
-
-
-def serve_healthcheck(
-    port: int | None, healthy: Callable[[], bool], host: str = "0.0.0.0"
-) -> ThreadingHTTPServer | None:
-    """Answer GET on ``port`` from a thread: 200 while ``healthy()``, else
-    503.  Returns the server (``shutdown()`` stops it), or None without a port."""
-    if not port:
-        return None
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            ok = healthy()
-            body = b"ok\n" if ok else b"not running\n"
-            self.send_response(200 if ok else 503)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return None  # probes every few seconds would flood the log
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="docket-healthcheck", daemon=True).start()
-    return server

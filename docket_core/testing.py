@@ -2,7 +2,9 @@
 
 Each helper looks at ``(await docket.snapshot()).future``: the executions that
 are scheduled for later or queued and waiting for a worker (not those running).
-On failure the ``AssertionError`` lists what is scheduled.
+On failure the ``AssertionError`` names the task and lists what is
+scheduled, in pydocket's words (``Task send not found with ...``, ``Task send
+found but should not be scheduled``, ``Expected 2 tasks for send, found 1``).
 """
 
 from __future__ import annotations
@@ -50,28 +52,26 @@ def _matches(
     return True
 
 
-def _describe(name: str, args: Any, kwargs: Any, key: str | None) -> str:
-    parts = [name]
+def _criteria(name: str, args: Any, kwargs: Any, key: str | None) -> str:
+    parts = [f"function={name}"]
+    if key is not None:
+        parts.append(f"key={key!r}")
     if args is not None:
         parts.append(f"args={tuple(args)!r}")
     if kwargs is not None:
         parts.append(f"kwargs={dict(kwargs)!r}")
-    if key is not None:
-        parts.append(f"key={key!r}")
-    return " ".join(parts)
+    return ", ".join(parts)
+
+
+def _call(execution: Execution) -> str:
+    return (
+        f"{execution.function_name}(args={execution.args!r}, "
+        f"kwargs={execution.kwargs!r}, key={execution.key!r})"
+    )
 
 
 def _listing(future: Sequence[Execution]) -> str:
-    if not future:
-        return "nothing is scheduled"
-    lines = [f"{len(future)} scheduled:"]
-    for execution in future:
-        lines.append(
-            f"  - {execution.function_name} key={execution.key!r} "
-            f"args={execution.args!r} kwargs={execution.kwargs!r} "
-            f"when={execution.when.isoformat()}"
-        )
-    return "\n".join(lines)
+    return "\n".join(f"  - {_call(execution)}" for execution in future)
 
 
 async def _future(docket: Docket) -> list[Execution]:
@@ -92,10 +92,14 @@ async def assert_task_scheduled(
     subset of its keyword arguments."""
     name = _name(function)
     future = await _future(docket)
-    if not any(_matches(e, name, args, kwargs, key) for e in future):
-        raise AssertionError(
-            f"expected {_describe(name, args, kwargs, key)} to be scheduled; {_listing(future)}"
-        )
+    if any(_matches(e, name, args, kwargs, key) for e in future):
+        return
+    if not future:
+        raise AssertionError(f"Task {name} not found: no tasks scheduled on docket")
+    raise AssertionError(
+        f"Task {name} not found with {_criteria(name, args, kwargs, key)}\n\n"
+        f"Scheduled tasks:\n{_listing(future)}"
+    )
 
 
 async def assert_task_not_scheduled(
@@ -109,12 +113,12 @@ async def assert_task_not_scheduled(
     """Assert that no matching call is scheduled or queued."""
     name = _name(function)
     future = await _future(docket)
-    matching = [e for e in future if _matches(e, name, args, kwargs, key)]
-    if matching:
-        raise AssertionError(
-            f"expected {_describe(name, args, kwargs, key)} not to be scheduled, "
-            f"but {len(matching)} matching; {_listing(future)}"
-        )
+    for execution in future:
+        if _matches(execution, name, args, kwargs, key):
+            raise AssertionError(
+                f"Task {name} found but should not be scheduled\nFound: {_call(execution)}"
+                f"\n\nScheduled tasks:\n{_listing(future)}"
+            )
 
 
 async def assert_task_count(docket: Docket, function: TaskRef | None = None, *, count: int) -> None:
@@ -122,19 +126,20 @@ async def assert_task_count(docket: Docket, function: TaskRef | None = None, *, 
     future = await _future(docket)
     if function is None:
         actual = len(future)
-        what = "tasks"
+        what = "all tasks"
     else:
         name = _name(function)
         actual = sum(1 for e in future if e.function_name == name)
-        what = f"{name} tasks"
+        what = f"tasks for {name}"
     if actual != count:
-        raise AssertionError(
-            f"expected {count} {what} scheduled, found {actual}; {_listing(future)}"
-        )
+        scheduled = f"\n\nScheduled tasks:\n{_listing(future)}" if future else ""
+        raise AssertionError(f"Expected {count} {what}, found {actual}{scheduled}")
 
 
 async def assert_no_tasks(docket: Docket) -> None:
     """Assert that nothing is scheduled or queued."""
     future = await _future(docket)
     if future:
-        raise AssertionError(f"expected no tasks scheduled; {_listing(future)}")
+        raise AssertionError(
+            f"Expected no tasks, found {len(future)} task(s) scheduled:\n{_listing(future)}"
+        )

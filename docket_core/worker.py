@@ -4,15 +4,19 @@ Four loops share one task group: the *reader* asks the store for deliveries
 while the machine has capacity; the *flusher* drains the machine's effects,
 hands all store effects of a round to the adapter in one call and feeds the
 outcomes back; the *timer* sleeps until the machine's next deadline and ticks
-it; the *listener* turns cancellation signals into inputs.  Task functions run
-in their own cancel scopes, shielded from the worker's own cancellation so a
-stopping worker drains them instead of killing them.
+it; the *listener* turns cancellation signals into inputs; the *signal* loop
+turns SIGTERM and SIGINT into a drain (the second one into a stop without
+draining).  The worker keeps its ``health`` (``health.HealthState``) from
+what these loops see.  Task functions run on a few long-lived runner tasks
+(``running.Runner``: a ``StartTask`` hands its run to an idle one), shielded
+from the worker's own cancellation so a stopping worker drains them instead of
+killing them; a ``CancelTask`` cancels only its run.  The log lines are
+pydocket's (``worker_logs``).
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 import math
 import os
@@ -22,7 +26,8 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
 from types import TracebackType
@@ -31,30 +36,32 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from . import dependencies, instrumentation
-from .dependencies import ForcedRetry, TaskContext, resolve
+from . import dependencies, instrumentation, worker_logs
+from .dependencies import validate as validate_task
 from .docket import Docket
 from .execution import Execution, to_datetime
+from .health import Health, HealthState, close_healthcheck, serve_healthcheck
+from .perpetual import first_run
+from .running import Runner, loop_options
+from .sansio.admission import Blocked, blocked_message
 from .sansio.effects import CancelTask, Effect, Read, SeedPerpetuals, StartTask, StoreEffect
 from .sansio.errors import StoreError, StoreUnavailable, UsageError
 from .sansio.flight import Count
 from .sansio.inputs import (
     Arrival,
     CancelRequested,
-    DeadlineExtended,
     ReadDone,
     ReadFailed,
     ReplyLost,
     ShutdownRequested,
     StoreFailed,
-    TaskEnded,
-    TaskOutcome,
     Tick,
 )
 from .sansio.strikes import StrikeList
 from .sansio.values import NO_POLICY, Delivery
 from .sansio.worker import WorkerConfig, WorkerMachine
-from .serialization import SignatureError, describe, dumps_value, loads_message
+from .serialization import SignatureError, describe, loads_message
+from .shared import SharedScope, open_scope, validate_worker_dependencies
 
 logger = logging.getLogger("docket.worker")
 
@@ -83,8 +90,13 @@ class Worker:
         schedule_automatic_tasks: bool = True,
         fallback_task: Callable[..., Any] | None = None,
         drain_timeout: timedelta | None = None,
+        handle_signals: bool = True,
+        dependencies: Mapping[str, Any] | Sequence[Any] | None = None,
     ) -> None:
-        """``fallback_task`` runs (with the original arguments and full
+        """``dependencies`` (by name, or a sequence) resolve around every run
+        of this worker, and are not passed to the tasks; their ``Shared``
+        values are built as the worker starts (``shared``).
+        ``fallback_task`` runs (with the original arguments and full
         dependency injection) for messages naming a task this worker does not
         know; without one, such a message ends FAILED with the reason.
         ``scheduling_resolution`` is accepted for compatibility with pydocket:
@@ -95,11 +107,18 @@ class Worker:
         (``drain_timeout`` None, as pydocket) or up to ``drain_timeout``; then,
         or at a second SIGTERM/SIGINT, it cancels them without recording
         anything (the store hands them out again once their leases lapse; a
-        sync task's thread cannot be cancelled: the worker waits for it)."""
+        sync task's thread cannot be cancelled: the worker waits for it).
+
+        Run in the main thread, the worker drains on SIGTERM or SIGINT and
+        stops at once on the second one; ``handle_signals=False`` leaves the
+        signals alone, for a worker embedded in a host (a web server's
+        lifespan) that owns them and cancels the worker to stop it."""
         self.docket = docket
         self.drain_timeout = drain_timeout
+        self.handle_signals = handle_signals
+        self._health = HealthState()
         if fallback_task is not None:
-            dependencies.validate(fallback_task)
+            validate_task(fallback_task)  # (``dependencies`` is the argument here)
         self.fallback_task = fallback_task
         self.name = name or f"{socket.gethostname()}#{os.getpid()}"
         self.concurrency = concurrency
@@ -112,11 +131,14 @@ class Worker:
             raise UsageError("a worker's concurrency must be at least 1")
         self._machine: WorkerMachine | None = None
         self._limits: dict[str, int] = {}
-        #: task name -> the metric labels of its runs here
-        self._labels: dict[str, dict[str, str]] = {}
         self._runs: dict[str, int] = {}
+        self._log_extra = worker_logs.worker_extra(docket.name, self.name)
+        self.dependencies = validate_worker_dependencies(dependencies)
+        #: the ``Shared`` values of this worker, while it is entered or runs
+        self.shared_scope: SharedScope | None = None
 
     async def __aenter__(self) -> Worker:
+        self.shared_scope = await open_scope(self.docket, self, self.dependencies)
         return self
 
     async def __aexit__(
@@ -125,7 +147,9 @@ class Worker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        return None
+        scope, self.shared_scope = self.shared_scope, None
+        if scope is not None:
+            await scope.__aexit__(exc_type, exc, tb)
 
     @property
     def counters(self) -> Mapping[str, int]:
@@ -135,6 +159,13 @@ class Worker:
         if self._machine is None:
             return Counter()
         return Counter({count.value: n for count, n in self._machine.counters.items()})
+
+    @property
+    def health(self) -> Health:
+        """Where this worker stands (``health.Health``): ``READY`` once a
+        signal would drain it and its store answered, until it drains or
+        loses its store.  Safe to read from any thread."""
+        return self._health.health
 
     @property
     def running_tasks(self) -> int:
@@ -154,36 +185,53 @@ class Worker:
         metrics_port: int | None = None,
         tasks: Sequence[str] = (),
         fallback_task: str | None = None,
+        dependencies: Mapping[str, Any] | Sequence[Any] | str | None = None,
         **options: Any,
     ) -> None:
         """Open docket ``docket_name`` at ``url``, register the task
         collections named in ``tasks`` (``"module:attribute"``; the built-in
         tasks are always there), and run one worker on it until finished or
-        stopped, optionally serving a healthcheck and Prometheus metrics.
-        ``options`` are the worker's own (``name``, ``concurrency``...)."""
+        stopped, optionally serving Prometheus metrics and a healthcheck on
+        ``healthcheck_port`` (200 only while the worker is ``READY``, 503
+        before, while it drains, and while its store is lost: ``health``).
+        ``options`` are the worker's own (``name``, ``concurrency``...);
+        ``dependencies`` may be a ``"module:attribute"`` path to them."""
         fallback = None
         if fallback_task:
             module_name, _, attribute = fallback_task.partition(":")
             fallback = getattr(importlib.import_module(module_name), attribute)
+        if isinstance(dependencies, str):
+            module_name, _, attribute = dependencies.partition(":")
+            dependencies = getattr(importlib.import_module(module_name), attribute)
         if metrics_port:
             instrumentation.serve_metrics(metrics_port)
-        running = threading.Event()
-        health = instrumentation.serve_healthcheck(healthcheck_port, running.is_set)
+        worker: Worker | None = None
+
+        def health() -> Health:
+            # (the probe answers from the worker's own state once it exists)
+            return Health.STARTING if worker is None else worker.health
+
+        server = serve_healthcheck(healthcheck_port, health)
         try:
             async with Docket(name=docket_name, url=url) as docket:
                 for collection in tasks:
                     docket.register_collection(collection)
-                worker = cls(docket, fallback_task=fallback, **options)
+                worker = cls(docket, fallback_task=fallback, dependencies=dependencies, **options)
                 async with worker:
-                    running.set()
                     if until_finished:
                         await worker.run_until_finished()
                     else:
                         await worker.run_forever()
         finally:
-            running.clear()
-            if health is not None:
-                await anyio.to_thread.run_sync(health.shutdown)
+            if server is not None:
+                await anyio.to_thread.run_sync(close_healthcheck, server)
+
+    @classmethod
+    def run_sync(cls, *, loop: str = "asyncio", **arguments: Any) -> None:
+        """``run(**arguments)`` in an event loop of its own, ``loop``
+        (``running.LOOPS``: ``asyncio``, ``uvloop``, ``trio``), until the worker
+        stops; for a program whose only job is the worker."""
+        anyio.run(partial(cls.run, **arguments), **loop_options(loop))
 
     async def run_forever(self) -> None:
         """Run until cancelled or sent SIGTERM/SIGINT; running tasks are drained."""
@@ -206,6 +254,22 @@ class Worker:
     # -- the runtime -----------------------------------------------------------------
 
     async def _run(self, *, until_finished: bool) -> None:
+        health = self._health
+        health.begin(signals=self._owns_signals)
+        try:
+            # the handlers go in before anything else: once ready, a signal drains
+            with self._stop_signals() as signals:
+                if self.shared_scope is not None:
+                    await self._work(until_finished, signals)
+                else:  # (not entered: the scope lives as long as this run)
+                    async with self:
+                        await self._work(until_finished, signals)
+        finally:
+            health.stopped()
+
+    async def _work(
+        self, until_finished: bool, signals: AsyncIterator[signal.Signals] | None
+    ) -> None:
         config = WorkerConfig(
             name=self.name,
             docket=self.docket.name,
@@ -221,6 +285,7 @@ class Worker:
             until_finished=until_finished,
             reads=True,
         )
+        worker_logs.log_startup(self.name, self.docket.tasks, self._log_extra)
         machine = self._machine = WorkerMachine(config, time.time())
         instrumentation.watch(self)
         self._dirty = anyio.Event()
@@ -236,6 +301,16 @@ class Worker:
         #: delivery id -> the function, the execution and the headers of its call
         self._calls: dict[str, tuple[Callable[..., Any], Execution, dict[str, str]]] = {}
         self._background: list[anyio.CancelScope] = []
+        self._runner = Runner(
+            self,
+            machine,
+            scopes=self._scopes,
+            stops=self._stops,
+            wake=lambda: self._dirty.set(),
+            rearm=lambda: self._rearm.set(),
+            stop_worker=self._stopping.set,
+            spawn=lambda runner: self._spawn(self._group, runner),
+        )
         if self.schedule_automatic_tasks:
             await self._seed_automatic()
         async with anyio.create_task_group() as group:
@@ -244,13 +319,18 @@ class Worker:
             self._spawn(group, self._timer)
             self._spawn(group, self._listener)
             self._spawn(group, self._reader)
-            if threading.current_thread() is threading.main_thread():
-                self._spawn(group, self._signals)
+            heartbeat = self.docket.heartbeat_interval.total_seconds()
+            self._spawn(group, partial(instrumentation.measure_depths, self.docket, heartbeat))
+            if signals is not None:
+                self._spawn(group, partial(self._signals, signals))
             try:
                 machine.receive(Tick(now=time.time()))
                 self._dirty.set()
                 await self._stopping.wait()
             finally:
+                # (stopping now, however asked: a signal from here on stops at once)
+                self._stopping.set()
+                self._health.draining()
                 with anyio.CancelScope(shield=True):
                     if machine.failed is None:  # (a failed machine takes nothing more)
                         machine.receive(ShutdownRequested(now=time.time()))
@@ -300,6 +380,7 @@ class Worker:
                     block=read.block,
                     recover=read.recover,
                 )
+                self._health.read_succeeded()
                 held = machine.in_flight
                 arrivals = tuple(
                     self._arrival(d) for d in result.deliveries if d.delivery_id not in held
@@ -324,6 +405,7 @@ class Worker:
                 )
                 machine.receive(done)
             except StoreError as error:
+                self._health.store_lost()
                 machine.receive(ReadFailed(now=time.time(), reason=str(error)))
                 logger.warning(
                     "store unavailable (%s); reading again in %s", error, self.reconnection_delay
@@ -366,7 +448,7 @@ class Worker:
         try:
             arguments = dependencies.bind_arguments(function, args, kwargs)
             policy = dependencies.task_policy(
-                function, message.function, self.docket.name, arguments
+                function, message.function, self.docket.name, arguments, self.dependencies
             )
         except Exception as error:
             return Arrival(delivery=delivery, policy=NO_POLICY, problem=describe(error))
@@ -383,7 +465,10 @@ class Worker:
             generation=message.generation,
             redelivered=delivery.redelivered,
         )
-        self._calls[delivery.delivery_id] = (function, execution, headers)
+        if struck:
+            worker_logs.log_struck(execution, self._log_extra)
+        else:
+            self._calls[delivery.delivery_id] = (function, execution, headers)
         return Arrival(delivery=delivery, policy=policy, struck=struck)
 
     def _struck(self, function: str, key: str, arguments: Mapping[str, Any]) -> bool:
@@ -416,6 +501,7 @@ class Worker:
                     except StoreError as error:
                         self._store_failed(store, error)
                         continue
+                    self._health.store_answered()
                     machine.store_replied(store, outcomes, time.time())
                     if len(self._calls) > len(machine.in_flight):
                         # deliveries that ended without starting (struck,
@@ -432,6 +518,8 @@ class Worker:
         machine = self._machine
         assert machine is not None
         failure = ReplyLost if isinstance(error, StoreUnavailable) else StoreFailed
+        if failure is ReplyLost:
+            self._health.store_lost()
         now = time.time()
         machine.receive(failure(effects=tuple(effects), now=now, reason=str(error)))
         self._rearm.set()
@@ -444,7 +532,8 @@ class Worker:
 
     def _run_effect(self, effect: Effect) -> None:
         if isinstance(effect, StartTask):
-            self._group.start_soon(self._run_task, effect.delivery_id)
+            function, execution, headers = self._calls.pop(effect.delivery_id)
+            self._runner.start(effect.delivery_id, function, execution, headers)
             self._rearm.set()
         elif isinstance(effect, SeedPerpetuals):
             self._group.start_soon(self._seed_automatic)
@@ -453,6 +542,8 @@ class Worker:
             if scope is not None:
                 self._stops[effect.delivery_id] = effect
                 scope.cancel()
+        elif isinstance(effect, Blocked):
+            logger.debug(blocked_message(effect.key, effect.outcome), extra=self._log_extra)
         elif isinstance(effect, Read):
             self._read = effect
             self._read_ready.set()
@@ -491,21 +582,42 @@ class Worker:
                 )
                 await anyio.sleep(self.reconnection_delay.total_seconds())
 
-    async def _signals(self) -> None:
-        # asyncio resets a handler it removes to the default (SIGTERM then
-        # kills the process while it closes its docket): put back what was there
+    @property
+    def _owns_signals(self) -> bool:
+        """Whether this run handles SIGTERM and SIGINT (only the main thread may)."""
+        return self.handle_signals and threading.current_thread() is threading.main_thread()
+
+    @contextmanager
+    def _stop_signals(self) -> Iterator[AsyncIterator[signal.Signals] | None]:
+        """Install the handlers of the stop signals for one run, when this
+        worker owns them, and put back what was there after: asyncio resets
+        a handler it removes to the default, and SIGTERM would then kill the
+        process while it closes its docket."""
+        if not self._owns_signals:
+            yield None
+            return
         previous = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
         try:
             with anyio.open_signal_receiver(*_STOP_SIGNALS) as signals:
-                async for signum in signals:
-                    again = self._stopping.is_set()
-                    log = logger.warning if again else logger.info
-                    log("worker %s got signal %s%s", self.name, signum, _SIGNALLED[again])
-                    (self._finished if again else self._stopping).set()
+                self._health.signals_installed()
+                yield signals
         finally:
             for signum, handler in previous.items():
                 if handler is not None:
                     signal.signal(signum, handler)
+
+    async def _signals(self, signals: AsyncIterator[signal.Signals]) -> None:
+        """The first stop signal drains the worker; the next stops it at once
+        (``_drained`` gives up waiting, and ``_run`` abandons what still runs)."""
+        async for signum in signals:
+            again = self._stopping.is_set()
+            log = logger.warning if again else logger.info
+            log("worker %s got signal %s%s", self.name, signum, _SIGNALLED[again])
+            if again:
+                self._finished.set()
+            else:
+                self._health.draining()
+                self._stopping.set()
 
     async def _drained(self) -> None:
         """Wait until the machine is quiet: its tasks ended and the store told.
@@ -548,153 +660,18 @@ class Worker:
         try:
             for name, function in list(self.docket.tasks.items()):
                 try:
-                    policy = dependencies.task_policy(function, name, self.docket.name, {})
+                    policy = dependencies.task_policy(
+                        function, name, self.docket.name, {}, self.dependencies
+                    )
                 except UsageError:
                     continue
                 if policy.perpetual is not None and policy.perpetual.automatic:
-                    await self.docket.add(name, key=name)()
+                    # (an ``add``: a live chain is left alone)
+                    when = first_run(policy.perpetual, time.time())
+                    if when is not None:
+                        await self.docket.add(name, when, key=name)()
         except StoreError as error:
             # the next re-seed tries again
             logger.warning("could not seed automatic perpetual tasks: %s", error)
 
-    # -- running one task --------------------------------------------------------------
-
-    async def _run_task(self, delivery_id: str) -> None:
-        machine = self._machine
-        assert machine is not None
-        function, execution, headers = self._calls.pop(delivery_id)
-        flight = machine.in_flight[delivery_id]
-        outcome = TaskOutcome.SUCCEEDED
-        error: str | None = None
-        result: bytes | None = None
-        follow_up = None
-        execution.state = execution.state.RUNNING
-        execution.worker = self.name
-
-        def on_deadline(deadline: float) -> None:
-            machine.receive(DeadlineExtended(delivery_id=delivery_id, deadline=deadline))
-            self._rearm.set()
-
-        context = TaskContext(
-            docket=self.docket,
-            worker=self,
-            execution=execution,
-            function_name=execution.function_name,
-            args=execution.args,
-            kwargs=execution.kwargs,
-            now=time.time,
-            deadline=flight.deadline,
-            on_deadline_change=on_deadline,
-            report_progress=partial(_report, self.docket, execution.key, execution.generation),
-        )
-        labels = self._labels.get(execution.function_name)
-        if labels is None:
-            labels = self._labels[execution.function_name] = {
-                "docket.name": self.docket.name,
-                "docket.worker": self.name,
-                "docket.task": execution.function_name,
-            }
-        started = time.time()
-        metering = instrumentation.metering()
-        if metering:
-            lateness = max(started - execution.when.timestamp(), 0.0)
-            instrumentation.TASK_PUNCTUALITY.record(lateness, labels)
-        # shielded: a stopping worker drains its tasks; only CancelTask cancels them
-        scope = anyio.CancelScope(shield=True)
-        self._scopes[delivery_id] = scope
-        with instrumentation.task_span(execution, headers, labels) as span:
-            with scope:
-                try:
-                    async with resolve(function, context) as call:
-                        try:
-                            if inspect.iscoroutinefunction(function):
-                                value = await function(*call.args, **call.kwargs)
-                            else:
-                                # a thread cannot be interrupted: a timed-out or
-                                # cancelled sync task ends when it returns, and only
-                                # then is its slot released or its retry scheduled
-                                value = await anyio.to_thread.run_sync(
-                                    partial(function, *call.args, **call.kwargs)
-                                )
-                            if value is not None and self.docket.execution_ttl.total_seconds() > 0:
-                                result = dumps_value(value, self.docket.signing)
-                                if result is None:
-                                    raise TypeError(
-                                        f"the result of {execution.function_name} "
-                                        f"({type(value).__name__}) cannot be pickled"
-                                    )
-                        except ForcedRetry as forced:
-                            outcome, error = TaskOutcome.FAILED, describe(forced)
-                            follow_up = call.follow_up(time.time(), forced)
-                        except BaseException as failure:
-                            if _docket_cancelled(failure, scope):
-                                raise
-                            outcome = TaskOutcome.FAILED
-                            error, result = self._task_failed(
-                        execution, failure, span, f"{execution.call_repr()} failed"
-                    )
-                        if follow_up is None:
-                            follow_up = call.follow_up(time.time())
-                except BaseException as failure:
-                    if _docket_cancelled(failure, scope):
-                        raise
-                    outcome = TaskOutcome.FAILED
-                    what = f"{execution.function_name} failed in a dependency"
-                    error, result = self._task_failed(execution, failure, span, what)
-            stop = self._stops.pop(delivery_id, None)
-            if scope.cancelled_caught:
-                instrumentation.interrupted(span, stop.reason.value if stop else None)
-        if metering:
-            instrumentation.TASK_DURATION.record(time.time() - started, labels)
-        if scope.cancelled_caught:
-            # the core decides what a stopped run records: here only the
-            # exception it asked to keep is pickled
-            outcome, error, result = TaskOutcome.CANCELLED, None, None
-            if stop is not None and stop.result is not None:
-                result = dumps_value(stop.result.exception(), self.docket.signing)
-        self._scopes.pop(delivery_id, None)
-        machine.receive(
-            TaskEnded(
-                delivery_id=delivery_id,
-                now=time.time(),
-                outcome=outcome,
-                error=error,
-                result=result,
-                follow_up=follow_up,
-            )
-        )
-        self._dirty.set()
-
-    def _task_failed(
-        self, execution: Execution, failure: BaseException, span: Any, what: str
-    ) -> tuple[str, bytes | None]:
-        """Record what a task raised: any exception, even one that would stop
-        a program (``SystemExit``, ``KeyboardInterrupt``: the run fails, then
-        the worker stops after draining) or a cancellation docket did not
-        cause.  Returns the error text and the pickled exception, if it pickles."""
-        error = describe(failure)
-        instrumentation.failed(span, failure)
-        logger.warning("%s: %s", what, error)
-        if isinstance(failure, SystemExit | KeyboardInterrupt):
-            logger.error(
-                "%s raised %s: worker %s stops after draining",
-                execution.function_name,
-                type(failure).__name__,
-                self.name,
-            )
-            self._stopping.set()
-        return error, dumps_value(failure, self.docket.signing)
-
     _strikes: StrikeList | None = None
-
-
-def _docket_cancelled(failure: BaseException, scope: anyio.CancelScope) -> bool:
-    """Whether ``failure`` is the cancellation docket asked for (a
-    ``CancelTask``): the run's scope takes it.  Any other is the task's own."""
-    return scope.cancel_called and isinstance(failure, anyio.get_cancelled_exc_class())
-
-
-async def _report(docket: Docket, key: str, generation: int, **changes: Any) -> Any:
-    return await docket.adapter.report_progress(
-        key, now=time.time(), generation=generation, **changes
-    )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from importlib.metadata import version
@@ -57,16 +58,56 @@ _FAILURES = (GlideConnectionError, GlideTimeoutError, ClosingError, OSError)
 GLIDE_INFLIGHT_LIMIT = 1000
 
 
-@contextmanager
-def _store_errors(what: str = "a command") -> Iterator[None]:
+def _store_error(error: Exception, what: str) -> StoreError:
     """A lost connection or a "not now" reply (loading, failover) is
     ``StoreUnavailable``; any other error reply is ``StoreError``."""
+    if isinstance(error, RequestError):
+        return reply_error(str(error), what, "the server")
+    return StoreUnavailable(f"server unavailable: {error}")
+
+
+@contextmanager
+def _store_errors(what: str = "a command") -> Iterator[None]:
+    """``_store_error`` for the errors of the block."""
     try:
         yield
-    except _FAILURES as error:
-        raise StoreUnavailable(f"server unavailable: {error}") from error
-    except RequestError as error:
-        raise reply_error(str(error), what, "the server") from error
+    except (*_FAILURES, RequestError) as error:
+        raise _store_error(error, what) from error
+
+
+class InFlight:
+    """At most ``limit`` requests at once: past it, requests wait their turn
+    (first come, first served).  A request below the limit costs a counter
+    decrement, with no pass of the event loop (an ``anyio.Semaphore``'s
+    acquire takes one)."""
+
+    __slots__ = ("_free", "_waiting")
+
+    def __init__(self, limit: int) -> None:
+        self._free = limit
+        #: the turns of waiting requests, oldest first; a set event is a turn given
+        self._waiting: deque[anyio.Event] = deque()
+
+    async def acquire(self) -> None:
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+            return
+        turn = anyio.Event()
+        self._waiting.append(turn)
+        try:
+            await turn.wait()
+        except BaseException:
+            if turn.is_set():
+                self.release()  # given its turn as it was cancelled: pass it on
+            else:
+                self._waiting.remove(turn)
+            raise
+
+    def release(self) -> None:
+        if self._waiting:
+            self._waiting.popleft().set()
+        else:
+            self._free += 1
 
 
 #: URL query option -> TLS setting; redis-py's spellings work too, so one
@@ -306,25 +347,37 @@ class GlideStore(ScriptedStore):
 
     # -- primitives ---------------------------------------------------------------
 
-    #: how many requests the main client has in flight at most (GLIDE refuses
-    #: requests past its ``inflight_requests_limit``; these wait instead)
-    _inflight: anyio.Semaphore | None = None
+    #: the main client's requests in flight: past half the client's limit (the
+    #: rest is the application's, when it shares its client) they wait their
+    #: turn, where GLIDE would refuse them past its ``inflight_requests_limit``
+    _inflight: InFlight | None = None
+
+    def _limiter(self) -> InFlight:
+        if self._inflight is None:
+            limit = self.configuration.inflight_requests_limit or GLIDE_INFLIGHT_LIMIT
+            self._inflight = InFlight(max(limit // 2, 1))
+        return self._inflight
 
     @asynccontextmanager
     async def _request(self, what: str = "a command") -> AsyncIterator[GlideClient]:
-        """The main client, for one request, its errors translated: past half
-        the client's in-flight limit (the rest is the application's, when it
-        shares its client), requests wait for their turn."""
-        if self._inflight is None:
-            limit = self.configuration.inflight_requests_limit or GLIDE_INFLIGHT_LIMIT
-            self._inflight = anyio.Semaphore(max(limit // 2, 1))
-        async with self._inflight:
+        """The main client, for one request, its errors translated, once it
+        is the request's turn (``_inflight``)."""
+        inflight = self._limiter()
+        await inflight.acquire()
+        try:
             client = await self._main()
             with _store_errors(what):
                 yield client
+        finally:
+            inflight.release()
 
     async def run_calls(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        async with self._request("a docket script") as client:
+        # the hot path (every add, every flush of a worker's effects): what
+        # ``_request`` does, without a context manager's frames
+        inflight = self._inflight or self._limiter()
+        await inflight.acquire()
+        try:
+            client = self.client or await self._main()
             try:
                 return await self._run(client, calls)
             except RequestError as error:
@@ -335,12 +388,16 @@ class GlideStore(ScriptedStore):
                 for source in SCRIPTS.values():
                     await client.custom_command(["SCRIPT", "LOAD", source])
                 return await self._run(client, calls)
+        except (*_FAILURES, RequestError) as error:
+            raise _store_error(error, "a docket script") from error
+        finally:
+            inflight.release()
 
     async def _run(self, client: GlideClient, calls: Sequence[ScriptCall]) -> list[Any]:
         if len(calls) == 1:
             call = calls[0]
             script = _SCRIPTS[call.name]
-            return [await client.invoke_script(script, keys=list(call.keys), args=list(call.args))]
+            return [await client.invoke_script(script, keys=call.keys, args=call.args)]  # type: ignore[arg-type]
         return await self._batch(client, calls)
 
     async def _batch(self, client: GlideClient, calls: Sequence[ScriptCall]) -> list[Any]:
@@ -355,7 +412,7 @@ class GlideStore(ScriptedStore):
 
     async def read_blocking(
         self, worker: str, count: int, block_ms: int
-    ) -> list[tuple[Any, list[Any]]]:
+    ) -> dict[str, list[tuple[Any, list[Any]]]] | None:
         reader = self._readers.pop() if self._readers else await self._connect()
         try:
             reply: Any = await reader.custom_command(
@@ -370,6 +427,8 @@ class GlideStore(ScriptedStore):
                     str(block_ms),
                     "STREAMS",
                     self.layout.stream,
+                    self.layout.wake_stream,
+                    ">",
                     ">",
                 ]
             )
@@ -379,7 +438,7 @@ class GlideStore(ScriptedStore):
         except RequestError as error:
             self._readers.append(reader)
             if "NOGROUP" in str(error):
-                return []  # the next read script creates the group
+                return None  # the next read script creates the group
             raise StoreError(str(error)) from error
         except BaseException:
             # cancelled mid-read: the connection may still deliver the reply
@@ -388,12 +447,12 @@ class GlideStore(ScriptedStore):
         self._readers.append(reader)
         return _stream_entries(reply)
 
-    async def acknowledge(self, ids: Sequence[str]) -> None:
+    async def acknowledge(self, stream: str, ids: Sequence[str]) -> None:
         # one transaction: an entry acknowledged but not deleted (the
         # connection lost between the two) would stay in the stream for good
         batch = Batch(is_atomic=True)
-        batch.xack(self.layout.stream, GROUP, list(ids))
-        batch.xdel(self.layout.stream, list(ids))
+        batch.xack(stream, GROUP, list(ids))
+        batch.xdel(stream, list(ids))
         async with self._request() as client:
             await client.exec(batch, raise_on_error=True)
 
@@ -453,14 +512,14 @@ class _Subscriber:
         await self._client.close()
 
 
-def _stream_entries(reply: Any) -> list[tuple[Any, list[Any]]]:
-    """XREADGROUP's reply in either RESP2 (lists) or RESP3 (maps) shape."""
+def _stream_entries(reply: Any) -> dict[str, list[tuple[Any, list[Any]]]]:
+    """XREADGROUP's reply in either RESP2 (lists) or RESP3 (maps) shape, by stream."""
     if not reply:
-        return []
+        return {}
     streams = reply.items() if isinstance(reply, dict) else [(s[0], s[1]) for s in reply]
-    entries: list[tuple[Any, list[Any]]] = []
-    for _, stream_entries in streams:
-        entries.extend(_stream_entries_flat(stream_entries))
+    entries: dict[str, list[tuple[Any, list[Any]]]] = {}
+    for stream, stream_entries in streams:
+        entries.setdefault(text(stream), []).extend(_stream_entries_flat(stream_entries))
     return entries
 
 

@@ -22,6 +22,8 @@ import attrs
 from anyio.streams.memory import MemoryObjectSendStream
 
 from docket_core.adapter import StateEvent, StoreEvent
+from docket_core.sansio.admission import Control, ControlKind
+from docket_core.sansio.admission_state import State, expiry
 from docket_core.sansio.inputs import Outcome
 from docket_core.sansio.strikes import StrikeList
 from docket_core.sansio.values import (
@@ -39,6 +41,12 @@ def state_event(key: str, state: ExecutionState, **fields: Any) -> StateEvent:
     """The event published when ``key`` enters ``state`` (``fields``: the
     other fields of ``StateEvent``)."""
     return StateEvent(key=key, state=state, **fields)
+
+
+#: how often (seconds of the effects' ``now``) ended admission states are
+#: forgotten, and how long after their end
+ADMISSION_SWEEP = 60.0
+ADMISSION_GRACE = 60.0
 
 
 @attrs.define(slots=True, kw_only=True)
@@ -72,6 +80,25 @@ class Pool:
     waiters: dict[str, deque[Waiter]] = attrs.field(factory=dict)
     #: limit key -> when a waiter of it was last woken
     woken: dict[str, float] = attrs.field(factory=dict)
+    #: the limits that have slots or waiters -> the time their next stale
+    #: slot counts from (``stale_from``): a read looks only at the limits due
+    #: by its cutoff (the servers keep ``S:stale`` for the limits with waiters,
+    #: and expire slot sets nobody renews; this store drops them as stale)
+    watched: dict[str, float] = attrs.field(factory=dict)
+    #: ``(time, limit key)`` of ``watched``; an entry a later one replaced
+    #: (its time is no longer the limit's) is skipped when it comes up
+    watch_heap: list[tuple[float, str]] = attrs.field(factory=list)
+    #: (kind, key) -> an admission control of this scope and its state
+    #: (``admission_state``); the control is kept to tell when the state ends
+    admission: dict[tuple[ControlKind, str], tuple[Control, State]] = attrs.field(factory=dict)
+
+    def expire_admission(self, now: float) -> None:
+        """Forget the admission states that ended a minute before ``now`` (as
+        the servers' TTL: a slower clock may still see them)."""
+        cutoff = now - ADMISSION_GRACE
+        ended = [where for where, (c, st) in self.admission.items() if expiry(c, st) <= cutoff]
+        for where in ended:
+            del self.admission[where]
 
     def wake(self, limit_key: str, now: float) -> int:
         """Queue the oldest live waiter of ``limit_key``; returns how many woke."""
@@ -93,29 +120,66 @@ class Pool:
                 self.woken.pop(limit_key, None)
             else:
                 self.woken[limit_key] = now
+            self.restale(limit_key)
             shelf.requeue(message, record, now)
             return 1
         self.waiters.pop(limit_key, None)
         self.woken.pop(limit_key, None)
+        self.restale(limit_key)
         return 0
+
+    def stale_from(self, limit_key: str) -> float:
+        """When the limit's next stale slot counts from: its oldest renewal,
+        or, while nobody holds one, when its last waiter was woken."""
+        slots = self.slots.get(limit_key)
+        if slots:
+            return min(slots.values())
+        return self.woken.get(limit_key, -math.inf)
+
+    def restale(self, limit_key: str) -> None:
+        """Keep ``watched`` current for a limit whose slots or waiters changed
+        (a limit left with neither is forgotten)."""
+        if not self.slots.get(limit_key) and not self.waiters.get(limit_key):
+            self.slots.pop(limit_key, None)
+            self.watched.pop(limit_key, None)
+            return
+        at = self.stale_from(limit_key)
+        if self.watched.get(limit_key) == at:
+            return
+        self.watched[limit_key] = at
+        heapq.heappush(self.watch_heap, (at, limit_key))
+        if len(self.watch_heap) > 2 * len(self.watched) + 64:  # mostly replaced entries
+            self.watch_heap = [(t, key) for key, t in self.watched.items()]
+            heapq.heapify(self.watch_heap)
 
     def drop_stale_slots(self, now: float, stale_after: float) -> None:
         """Free slots whose holders stopped renewing them (their worker died)
         and queue a waiter for each.  A limit nobody holds whose last woken
         waiter never took its slot within ``stale_after`` (it was cancelled,
-        say) wakes the next one, since no release will come for it."""
+        say) wakes the next one, since no release will come for it.  Only
+        the limits ``watched`` has due by the cutoff are looked at."""
         cutoff = now - stale_after
-        for limit_key in list(self.slots):
-            slots = self.slots[limit_key]
+        heap, watched = self.watch_heap, self.watched
+        due: dict[str, None] = {}
+        while heap and heap[0][0] <= cutoff:
+            at, limit_key = heapq.heappop(heap)
+            if watched.get(limit_key) == at:
+                due[limit_key] = None
+        for limit_key in due:
+            slots = self.slots.get(limit_key, {})
             for holder, renewed in list(slots.items()):
                 if renewed <= cutoff:
                     del slots[holder]
                     self.wake(limit_key, now)
             if not slots:
                 if not self.waiters.get(limit_key):
-                    del self.slots[limit_key]
+                    self.slots.pop(limit_key, None)
                 elif self.woken.get(limit_key, -math.inf) <= cutoff:
                     self.wake(limit_key, now)
+            # its entry came off the heap above: a new one (or none, if the
+            # limit has neither slots nor waiters now)
+            watched.pop(limit_key, None)
+            self.restale(limit_key)
 
 
 @attrs.define(slots=True, kw_only=True)
@@ -154,6 +218,8 @@ class Shelf:
     ids: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
     #: origin -> the outcomes of its requests (``docket_core.sansio.effects.Request``)
     memos: dict[str, Memo] = attrs.field(factory=dict)
+    #: when ``expire`` next forgets the admission states that ended
+    admission_sweep: float = 0.0
 
     def pool(self, scope: str | None = None) -> Pool:
         """The pool of ``scope`` (``None``: this docket's own)."""
@@ -244,6 +310,23 @@ class Shelf:
             heapq.heappop(heap)
         return None
 
+    def due_count(self, now: float) -> int:
+        """How many scheduled messages are due by ``now`` (not yet queued):
+        walks only the heap entries due by then (a heap's children never
+        come sooner than their parent), checking each is still current."""
+        heap, future = self.due_heap, self.future
+        count, stack = 0, [0] if heap else []
+        while stack:
+            index = stack.pop()
+            when, key, _, generation = heap[index]
+            if when > now:
+                continue
+            message = future.get(key)
+            if message is not None and message.generation == generation:
+                count += 1
+            stack.extend(child for child in (2 * index + 1, 2 * index + 2) if child < len(heap))
+        return count
+
     def promote(self, now: float) -> None:
         """Queue every scheduled message whose time has come."""
         heap = self.due_heap
@@ -280,7 +363,7 @@ class Shelf:
                         Delivery(delivery_id=delivery_id, message=held.message, redelivered=True)
                     )
         for pool in self.pools.values():
-            if pool.slots:
+            if pool.watch_heap:
                 pool.drop_stale_slots(now, redelivery_timeout)
         if self.held:
             cutoff = now - redelivery_timeout
@@ -317,7 +400,39 @@ class Shelf:
             key, record.state, completed_at=record.completed_at, error=record.error
         )
 
+    def cancel(
+        self,
+        record: ExecutionRecord,
+        now: float,
+        ttl: float,
+        state: ExecutionState = ExecutionState.CANCELLED,
+        error: str | None = None,
+    ) -> int:
+        """Conclude ``record`` as ``state`` (cancelled unless told) under a new
+        generation, so no copy of its message in flight may start; its
+        scheduled, queued or parked message goes too.  Returns the generation."""
+        key = record.key
+        self.unqueue(key)
+        self.progress.pop(key, None)
+        generation = next(self.ids)
+        ended = attrs.evolve(
+            record,
+            generation=generation,
+            state=state,
+            completed_at=now,
+            error=error if error is not None else record.error,
+            cancel_ttl=None,
+        )
+        self.conclude(ended, now, ttl)
+        return generation
+
     def expire(self, now: float) -> None:
+        if now >= self.admission_sweep:
+            # admission states end by themselves (``expiry``): a sweep now and then
+            self.admission_sweep = now + ADMISSION_SWEEP
+            for pool in self.pools.values():
+                if pool.admission:
+                    pool.expire_admission(now)
         heap = self.expiry_heap
         while heap and heap[0][0] <= now:
             _, key, generation = heapq.heappop(heap)
@@ -327,15 +442,20 @@ class Shelf:
 
     # -- concurrency limits --------------------------------------------------------
 
-    def park(self, pool: Pool, limit_key: str, message: TaskMessage) -> None:
+    def park(self, pool: Pool, limit_key: str, message: TaskMessage, now: float) -> None:
         """Put a claimed message behind its limit until a slot frees (unless
-        it was superseded meanwhile, or already waits there)."""
+        it was superseded meanwhile, or already waits there).  One whose key
+        was cancelled since its claim never waits: it concludes cancelled."""
         record = self.records.get(message.key)
         if record is None or record.generation != message.generation:
+            return
+        if record.cancel_ttl is not None:
+            self.cancel(record, now, record.cancel_ttl)
             return
         if self.parked.get(message.key) == (pool, limit_key):
             return
         pool.waiters.setdefault(limit_key, deque()).append(Waiter(self, message))
+        pool.restale(limit_key)
         self.parked[message.key] = (pool, limit_key)
         self.records[message.key] = attrs.evolve(
             record, state=ExecutionState.SCHEDULED, worker=None, started_at=None

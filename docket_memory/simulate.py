@@ -19,6 +19,13 @@ Invariants checked:
 - a delivery whose lease is valid is never handed to a second worker;
 - the same generation of a key never runs on two live workers at once, and
   while it runs it neither waits behind a limit nor is queued again;
+- admission controls (a debounce and a cooldown shared by two keys each, a
+  rate limit shared by both dockets, a cooldown beside a concurrency limit),
+  in the frame of the times the store recorded: a rate limit never admits
+  more than ``limit`` starts in any window of ``per``, a cooldown never two
+  starts within its window, a debounce never two starts within ``settle``;
+  an execution is admitted once (a redelivered one is admitted again as
+  itself, counting nothing);
 - nothing is lost: once quiet, every accepted add ended (completed, failed or
   cancelled) or was superseded by a later accepted add of the same key, and
   the store holds no messages, slots or waiters.
@@ -27,14 +34,26 @@ Invariants checked:
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import random
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import attrs
 
+from docket_core.sansio.admission import (
+    Admit,
+    Admitted,
+    Control,
+    CooldownPolicy,
+    DebouncePolicy,
+    RateLimitPolicy,
+    Verdict,
+)
+from docket_core.sansio.admission_state import DebounceState
 from docket_core.sansio.decisions import plan_add
 from docket_core.sansio.effects import (
     AcquireSlot,
@@ -72,6 +91,8 @@ from .shelf import Pool, Shelf
 from .store import MemoryStore
 
 REDELIVERY_TIMEOUT = 5.0
+#: how far a worker's clock is off the simulation's, at most
+MAX_SKEW = 0.5
 #: long enough that no record expires during a run: a missing one is a loss
 RECORD_TTL = 1e9
 LIMITS = {f"limit-{i}": 1 + i % 3 for i in range(3)}
@@ -79,6 +100,16 @@ LIMITS = {f"limit-{i}": 1 + i % 3 for i in range(3)}
 DOCKETS = ("sim-a", "sim-b")
 SCOPE = "shared"
 SHARED_LIMIT = "limit-0"
+#: key index -> its admission controls (odd keys have no concurrency limit)
+ADMISSION: dict[int, tuple[Control, ...]] = {
+    1: (DebouncePolicy(key="debounce", settle=2.0),),
+    5: (DebouncePolicy(key="debounce", settle=2.0),),
+    3: (CooldownPolicy(key="cooldown", window=2.0),),
+    7: (CooldownPolicy(key="cooldown", window=2.0),),
+    9: (RateLimitPolicy(key="rate", limit=2, per=3.0, scope=SCOPE),),
+    11: (RateLimitPolicy(key="rate", limit=2, per=3.0, scope=SCOPE),),
+    2: (CooldownPolicy(key="limited", window=1.0),),
+}
 
 
 class InvariantViolated(AssertionError):
@@ -135,8 +166,16 @@ class Simulation:
         self.faults = True
         #: (docket, key, generation) of every accepted add
         self.accepted: list[tuple[str, str, int]] = []
+        #: slot holders whose slots a store call took away (taken over or
+        #: dropped as stale): their late releases are allowed
         self.evicted: set[str] = set()
         self.steps = 0
+        #: (scope, kind, key) of a control -> execution -> when the store admitted it
+        self.admitted: dict[tuple[str | None, str, str], dict[str, float]] = {}
+        #: (scope, key) of a debounce -> its latest dropped submission's time
+        self.quiet_from: dict[tuple[str | None, str], float] = {}
+        #: (origin, seq) of every admission the store judged
+        self.judged: set[tuple[str, int]] = set()
         for i in range(workers):
             self.spawn(DOCKETS[i % len(DOCKETS)])
 
@@ -155,13 +194,25 @@ class Simulation:
             reads=True,
             retry_delay=self.rng.choice([0.05, 0.5, 2.0]),
         )
-        skew = self.rng.uniform(-0.5, 0.5)
+        skew = self.rng.uniform(-MAX_SKEW, MAX_SKEW)
         worker = SimWorker(config.name, docket, WorkerMachine(config, self.now + skew), skew)
         self.workers.append(worker)
         return worker
 
     def clock(self, worker: SimWorker) -> float:
         return self.now + worker.skew
+
+    def slot_holders(self) -> set[str]:
+        """The holders of every slot of every pool."""
+        return {h for pool in self.pools.values() for slots in pool.slots.values() for h in slots}
+
+    def note_evictions(self, before: set[str], effects: Sequence[StoreEffect] = ()) -> None:
+        """Remember the holders (of ``before``, the holders before a store
+        call) whose slots the call took away other than by their own release:
+        known at once, even when a stale slot is taken over in the very call
+        that first finds it stale."""
+        released = {e.holder for e in effects if isinstance(e, ReleaseSlot)}
+        self.evicted |= before - released - self.slot_holders()
 
     @staticmethod
     def docket_of(key: str) -> str:
@@ -182,7 +233,9 @@ class Simulation:
                     scope=SCOPE if limit_key == SHARED_LIMIT else None,
                 )
             retry = RetryPolicy(attempts=3, delay=0.5) if index % 3 == 0 else None
-            policy = self.policies[key] = TaskPolicy(retry=retry, concurrency=limit)
+            policy = self.policies[key] = TaskPolicy(
+                retry=retry, concurrency=limit, admission=ADMISSION.get(index, ())
+            )
         return policy
 
     def pump(self, worker: SimWorker, *, lose: bool = False) -> None:
@@ -201,13 +254,18 @@ class Simulation:
                 return
             # the reply is lost: after the store ran the batch, or before
             # (most often for acquisitions: a lost "parked" is the costly case)
-            odds = 0.25 if any(isinstance(e, AcquireSlot) for e in store) else 0.03
+            costly = any(isinstance(e, AcquireSlot | Admit) for e in store)
+            odds = 0.25 if costly else 0.03
             reply_lost = self.faults and self.rng.random() < odds
             if not reply_lost or self.rng.random() < 0.7:
                 for effect in store:
                     if isinstance(effect, ReleaseSlot):
                         self.check_release(worker, effect)
+                holders = self.slot_holders()
+                displaced = self.displaced(worker.docket)
                 outcomes = drive(self.stores[worker.docket].execute(store))
+                self.note_evictions(holders, store)
+                self.note_admissions(store, outcomes, displaced)
             if reply_lost:
                 machine.receive(
                     ReplyLost(effects=tuple(store), now=self.clock(worker), reason="simulated")
@@ -255,6 +313,7 @@ class Simulation:
         read, worker.read = worker.read, None
         if read is None:
             return
+        holders = self.slot_holders()
         result = drive(
             self.stores[worker.docket].read(
                 worker=worker.name,
@@ -265,6 +324,7 @@ class Simulation:
                 recover=read.recover,
             )
         )
+        self.note_evictions(holders)  # (a read drops stale slots)
         deliveries = list(result.deliveries)
         if self.faults and self.rng.random() < 0.03:
             # the reply is lost: the store handed the deliveries out, and the
@@ -334,6 +394,84 @@ class Simulation:
                 f"{effect.holder} released a slot of {effect.limit_key} it does not hold"
             )
 
+    def displaced(self, docket: str) -> set[tuple[str, str]]:
+        """(debounce key, task key) of the lost winners ``docket``'s debounces
+        remember now: if one comes back it is dropped, and is no submission."""
+        pool = self.shelves[docket].pool()
+        return {
+            (key, task)
+            for (_, key), (_, state) in pool.admission.items()
+            if isinstance(state, DebounceState)
+            for task in state.displaced
+        }
+
+    def note_admissions(
+        self,
+        effects: Sequence[StoreEffect],
+        outcomes: Sequence[Any],
+        displaced: set[tuple[str, str]],
+    ) -> None:
+        """Record the starts the store admitted, and check each control's rule
+        over the times it recorded them at."""
+        for effect, outcome in zip(effects, outcomes, strict=True):
+            if not isinstance(effect, Admit) or not isinstance(outcome, Admitted):
+                continue
+            if effect.request is not None:
+                ident = (effect.request.origin, effect.request.seq)
+                if ident in self.judged:
+                    continue  # a resend: the store answered it without judging again
+                self.judged.add(ident)
+            control = outcome.blocked_by
+            if (
+                outcome.verdict is Verdict.DROP
+                and isinstance(control, DebouncePolicy)
+                and (control.key, effect.message.key) not in displaced
+            ):
+                # a submission dropped while another waits: the winner waits for it
+                where = (control.scope, control.key)
+                self.quiet_from[where] = max(self.quiet_from.get(where, 0.0), effect.now)
+            if outcome.verdict is not Verdict.ADMIT:
+                continue
+            message = effect.message
+            execution = f"{message.key}#{message.generation}"
+            for control in effect.controls:
+                starts = self.admitted.setdefault(
+                    (control.scope, control.kind.value, control.key), {}
+                )
+                if execution in starts:
+                    continue  # admitted again as itself (a resend, a redelivery)
+                if outcome.repeat:
+                    raise InvariantViolated(f"{execution} admitted as a repeat, never admitted")
+                starts[execution] = effect.now
+                self.check_admission(control, sorted(starts.values()))
+                if isinstance(control, DebouncePolicy):
+                    latest = self.quiet_from.get((control.scope, control.key), -math.inf)
+                    if effect.now < latest + control.settle:
+                        raise InvariantViolated(
+                            f"{control.key} admitted {effect.now - latest:.3f}s after a "
+                            f"submission, before it settled ({control.settle}s)"
+                        )
+
+    @staticmethod
+    def check_admission(control: Control, times: list[float]) -> None:
+        if isinstance(control, RateLimitPolicy):
+            for first, later in zip(times, times[control.limit :], strict=False):
+                if later - first < control.per:
+                    raise InvariantViolated(
+                        f"{control.key} admitted {control.limit + 1} starts within "
+                        f"{control.per}s: {times}"
+                    )
+            return
+        # a debounce waits ``settle`` after the latest submission by the
+        # submitter's clock: two workers' starts may lie closer by their skew
+        if isinstance(control, CooldownPolicy):
+            gap = control.window
+        else:
+            gap = control.settle - 2 * MAX_SKEW
+        for first, later in itertools.pairwise(times):
+            if later - first < gap:
+                raise InvariantViolated(f"{control.key} admitted two starts within {gap}s")
+
     def check_no_second_copy(self, docket: str, key: str, generation: int) -> None:
         """A running generation is neither waiting behind a limit nor queued
         again: either would become a second run of it."""
@@ -385,13 +523,6 @@ class Simulation:
                 key in shelf.ready_ids for key in shelf.parked
             ):
                 raise InvariantViolated(f"a key of {shelf.name} is queued twice, or parked too")
-        # remember holders whose stale slots may be taken over
-        cutoff = self.now - REDELIVERY_TIMEOUT + 1.0
-        for pool in self.pools.values():
-            for slots in pool.slots.values():
-                for holder, renewed in slots.items():
-                    if renewed <= cutoff:
-                        self.evicted.add(holder)
 
     # -- running ------------------------------------------------------------------------
 
@@ -493,7 +624,11 @@ def main(argv: list[str] | None = None) -> int:
         for worker in simulation.workers:
             for name, count in worker.machine.counters.items():
                 counters[name] = counters.get(name, 0) + count
-        print(f"seed {seed}: {simulation.steps} steps, {len(simulation.accepted)} adds, ok")
+        admitted = sum(len(starts) for starts in simulation.admitted.values())
+        print(
+            f"seed {seed}: {simulation.steps} steps, {len(simulation.accepted)} adds, "
+            f"{admitted} admissions, ok"
+        )
     elapsed = time.perf_counter() - started
     print(f"{total} steps in {elapsed:.2f}s: {total / elapsed:,.0f} steps/s")
     return 0

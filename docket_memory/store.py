@@ -15,8 +15,17 @@ import anyio
 import attrs
 from anyio.streams.memory import MemoryObjectSendStream
 
-from docket_core.adapter import ProgressEvent, ReadResult, StoreEvent
+from docket_core.adapter import Depths, ProgressEvent, ReadResult, StoreEvent
 from docket_core.lua.entries import parse_entry
+from docket_core.sansio.admission import Admit, Admitted, Verdict, settlement
+from docket_core.sansio.admission_state import (
+    Address,
+    State,
+    address,
+    admitted,
+    ask_of,
+    decide,
+)
 from docket_core.sansio.decisions import is_live
 from docket_core.sansio.effects import (
     AcquireSlot,
@@ -148,11 +157,20 @@ class MemoryStore:
                         held.renewed_at = now
                 verdicts.append((delivery_id, verdict))
             return Claimed(verdicts=tuple(verdicts))
+        if (
+            isinstance(effect, Admit)
+            and isinstance(first, Admitted)
+            and first.verdict is Verdict.ADMIT
+            and not self._holds(effect.request, effect.delivery_id)
+        ):
+            return Admitted(delivery_id=effect.delivery_id, verdict=Verdict.LOST)
         if isinstance(effect, AcquireSlot) and isinstance(first, SlotAcquired) and first.acquired:
-            slots = shelf.pool(effect.scope).slots.get(effect.limit_key)
+            pool = shelf.pool(effect.scope)
+            slots = pool.slots.get(effect.limit_key)
             if slots is None or effect.holder not in slots:
                 return SlotAcquired(delivery_id=effect.delivery_id, acquired=False, lost=True)
             slots[effect.holder] = now
+            pool.restale(effect.limit_key)
         return first
 
     def _carry_out(self, effect: StoreEffect) -> Outcome:
@@ -185,9 +203,27 @@ class MemoryStore:
             record is None or record.generation != effect.expect_generation
         ):
             return Scheduled(key=key, accepted=False, generation=-1, state=None)
-        if effect.mode is ScheduleMode.ADD and record is not None and record.state in LIVE_STATES:
+        if (
+            effect.expect_generation is not None
+            and record is not None
+            and record.cancel_ttl is not None
+        ):
+            # nothing follows a run whose key was cancelled while it ran
+            ended = effect.ended or ExecutionState.CANCELLED
+            shelf.cancel(record, effect.now, record.cancel_ttl, ended, effect.ended_error)
+            return Scheduled(key=key, accepted=False, generation=-1, state=None)
+        if (
+            effect.mode is ScheduleMode.ADD
+            and record is not None
+            and record.state in LIVE_STATES
+            and record.cancel_ttl is None
+        ):
             return Scheduled(
                 key=key, accepted=False, generation=record.generation, state=record.state
+            )
+        if effect.ended is not None:
+            shelf.publish_state(
+                key, effect.ended, completed_at=effect.now, error=effect.ended_error
             )
         shelf.unqueue(key)
         # generations come from one docket-wide counter, so they are never
@@ -221,6 +257,10 @@ class MemoryStore:
                 verdict = ClaimVerdict.CANCELLED
             elif record is None or record.generation != item.generation or record.state.terminal:
                 verdict = ClaimVerdict.SUPERSEDED
+            elif record.cancel_ttl is not None:
+                # cancelled while it ran, and its worker never recorded the end
+                verdict = ClaimVerdict.CANCELLED
+                shelf.cancel(record, effect.now, record.cancel_ttl)
             else:
                 verdict = ClaimVerdict.CLAIMED
             if verdict is not ClaimVerdict.CLAIMED:
@@ -249,6 +289,15 @@ class MemoryStore:
         held = self.shelf.held.get(delivery_id)
         return held is None or held.worker == request.worker
 
+    def _sender_holds(self, request: Request | None, delivery_id: str) -> bool:
+        """Whether the sender of a worker's effect holds the delivery now: not
+        another worker, nor none (a send the store has forgotten since, say,
+        parked and acknowledged it)."""
+        if request is None:
+            return True
+        held = self.shelf.held.get(delivery_id)
+        return held is not None and held.worker == request.worker
+
     def _finish(self, effect: Finish) -> Finished:
         shelf = self.shelf
         if not self._holds(effect.request, effect.delivery_id):
@@ -265,6 +314,7 @@ class MemoryStore:
                 completed_at=effect.now,
                 error=effect.error,
                 result=effect.result,
+                cancel_ttl=None,
             ),
             effect.now,
             effect.ttl,
@@ -306,25 +356,20 @@ class MemoryStore:
 
     def _cancel(self, effect: Cancel) -> Cancelled:
         shelf = self.shelf
-        record = shelf.records.get(effect.key)
+        key = effect.key
+        record = shelf.records.get(key)
         if record is None or record.state.terminal:
-            return Cancelled(key=effect.key, previous=record.state if record else None)
-        shelf.unqueue(effect.key)
-        shelf.progress.pop(effect.key, None)
-        generation = next(shelf.ids)
-        shelf.conclude(
-            attrs.evolve(
-                record,
-                generation=generation,
-                state=ExecutionState.CANCELLED,
-                completed_at=effect.now,
-            ),
-            effect.now,
-            effect.ttl,
-        )
+            return Cancelled(key=key, previous=record.state if record else None)
+        if record.state is not ExecutionState.RUNNING:
+            spared = shelf.cancel(record, effect.now, effect.ttl)
+        else:
+            # the run records its own end; only its follow-ups are called off
+            spared = record.generation + 1
+            if record.cancel_ttl is None:
+                shelf.records[key] = attrs.evolve(record, cancel_ttl=effect.ttl)
         for send in list(shelf.cancel_listeners):
-            send.send_nowait((effect.key, generation))
-        return Cancelled(key=effect.key, previous=record.state)
+            send.send_nowait((key, spared))
+        return Cancelled(key=key, previous=record.state)
 
     def _renew(self, effect: RenewLeases) -> LeasesRenewed:
         shelf = self.shelf
@@ -337,16 +382,18 @@ class MemoryStore:
             else:
                 held.renewed_at = effect.now
         for slot in effect.slots:
-            slots = shelf.pool(slot.scope).slots.get(slot.limit_key)
+            pool = shelf.pool(slot.scope)
+            slots = pool.slots.get(slot.limit_key)
             if slots is not None and slot.holder in slots:
                 slots[slot.holder] = effect.now
+                pool.restale(slot.limit_key)
             else:
                 lost_slots.append(slot.holder)
         return LeasesRenewed(lost=tuple(lost), lost_slots=tuple(lost_slots))
 
     def _acquire(self, effect: AcquireSlot) -> SlotAcquired:
         shelf = self.shelf
-        if not self._holds(effect.request, effect.delivery_id):
+        if not self._sender_holds(effect.request, effect.delivery_id):
             return SlotAcquired(delivery_id=effect.delivery_id, acquired=False, lost=True)
         pool = shelf.pool(effect.scope)
         slots = pool.slots.setdefault(effect.limit_key, {})
@@ -360,10 +407,39 @@ class MemoryStore:
                 acquired = False
         if acquired:
             slots[effect.holder] = effect.now
+            pool.restale(effect.limit_key)
         else:
             shelf.held.pop(effect.delivery_id, None)
-            shelf.park(pool, effect.limit_key, effect.message)
+            shelf.park(pool, effect.limit_key, effect.message, effect.now)
         return SlotAcquired(delivery_id=effect.delivery_id, acquired=acquired)
+
+    def _admit(self, effect: Admit) -> Admitted:
+        """Judge a delivery against its admission controls
+        (``admission_state.decide``), store what the ruling changes, and
+        settle a blocked delivery in the same step (``settlement``)."""
+        if not self._holds(effect.request, effect.delivery_id):
+            return Admitted(delivery_id=effect.delivery_id, verdict=Verdict.LOST)
+        shelf = self.shelf
+        states: dict[Address, State] = {}
+        for control in effect.controls:
+            kept = shelf.pool(control.scope).admission.get((control.kind, control.key))
+            if kept is not None:
+                states[address(control)] = kept[1]
+        ruling, writes = decide(effect.controls, states, ask_of(effect))
+        for control in effect.controls:
+            where = address(control)
+            if where not in writes:
+                continue
+            table = shelf.pool(control.scope).admission
+            state = writes[where]
+            if state is None:
+                table.pop((control.kind, control.key), None)
+            else:
+                table[(control.kind, control.key)] = (control, state)
+        outcome = admitted(effect, ruling)
+        if outcome.verdict is Verdict.DROP or outcome.verdict is Verdict.RESCHEDULE:
+            self._carry_out(settlement(effect, outcome))
+        return outcome
 
     def _release(self, effect: ReleaseSlot) -> SlotReleased:
         pool = self.shelf.pool(effect.scope)
@@ -399,6 +475,15 @@ class MemoryStore:
     async def pending(self) -> int:
         shelf = self.shelf
         return len(shelf.ready) + len(shelf.future) + len(shelf.held) + len(shelf.parked)
+
+    async def depths(self, now: float) -> Depths:
+        shelf = self.shelf
+        due = shelf.due_count(now)
+        return Depths(
+            queued=len(shelf.ready) + due,
+            scheduled=len(shelf.future) - due + len(shelf.parked),
+            held=len(shelf.held),
+        )
 
     async def get_record(self, key: str) -> ExecutionRecord | None:
         return self.shelf.records.get(key)
@@ -508,7 +593,9 @@ class MemoryStore:
         shelf = self.shelf
         keys = [m.key for m in shelf.ready.values()] + list(shelf.future) + list(shelf.parked)
         for key in keys:
-            self._cancel(Cancel(key=key, now=now, ttl=ttl))
+            record = shelf.records.get(key)
+            if record is not None and not record.state.terminal:
+                shelf.cancel(record, now, ttl)
         return len(keys)
 
     async def dead_letters(self, limit: int = 1000) -> tuple[int, list[DeadLetter]]:
@@ -576,4 +663,5 @@ _HANDLERS: dict[type[StoreEffect], str] = {
     Cancel: "_cancel",
     Heartbeat: "_heartbeat",
     BuryMalformed: "_bury",
+    Admit: "_admit",
 }

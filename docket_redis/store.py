@@ -181,34 +181,40 @@ class RedisStore(ScriptedStore):
 
     async def read_blocking(
         self, worker: str, count: int, block_ms: int
-    ) -> list[tuple[Any, list[Any]]]:
+    ) -> dict[str, list[tuple[Any, list[Any]]]] | None:
+        layout = self.layout
         try:
             reply: Any = await self.client.xreadgroup(
-                GROUP, worker, {self.layout.stream: ">"}, count=count, block=block_ms
+                GROUP,
+                worker,
+                {layout.stream: ">", layout.wake_stream: ">"},
+                count=count,
+                block=block_ms,
             )
         except _FAILURES as error:
             raise StoreUnavailable(f"Redis unavailable: {error}") from error
         except redis_errors.ResponseError as error:
             if "NOGROUP" in str(error):
-                return []  # the next read script creates the group
+                return None  # the next read script creates the group
             raise StoreError(str(error)) from error
-        entries: list[tuple[Any, list[Any]]] = []
+        read: dict[str, list[tuple[Any, list[Any]]]] = {}
         streams = reply.items() if isinstance(reply, dict) else (reply or [])
-        for _, stream_entries in streams:
+        for stream, stream_entries in streams:
+            entries = read.setdefault(text(stream), [])
             for entry_id, fields in stream_entries:
                 flat: list[Any] = []
                 for field, value in (fields or {}).items():
                     flat += [field, value]
                 entries.append((entry_id, flat))
-        return entries
+        return read
 
-    async def acknowledge(self, ids: Sequence[str]) -> None:
+    async def acknowledge(self, stream: str, ids: Sequence[str]) -> None:
         with _store_errors():
             # one transaction: an entry acknowledged but not deleted (the
             # connection lost between the two) would stay in the stream for good
             pipe = self.client.pipeline(transaction=True)
-            pipe.xack(self.layout.stream, GROUP, *ids)
-            pipe.xdel(self.layout.stream, *ids)
+            pipe.xack(stream, GROUP, *ids)
+            pipe.xdel(stream, *ids)
             await pipe.execute()
 
     async def hash_fields(self, key: str) -> list[Any]:

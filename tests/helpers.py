@@ -106,8 +106,8 @@ def server_keys_left(server: Server, name: str) -> dict[str, int]:
             left[raw.decode()] = int(client.zcard(raw))
         for raw in client.scan_iter(match=prefix + "wait:*", count=1000):
             left[raw.decode()] = int(client.llen(raw))
-        for name in ("waiting", "parked"):
-            left[prefix + name] = int(client.scard(prefix + name))
+        left[prefix + "parked"] = int(client.scard(prefix + "parked"))
+        left[prefix + "stale"] = int(client.zcard(prefix + "stale"))
         return {key: n for key, n in left.items() if n}
     finally:
         client.close()

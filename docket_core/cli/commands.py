@@ -1,281 +1,403 @@
-"""The ``docket`` commands that inspect or steer a docket in a shared store:
-``strike``, ``restore``, ``clear``, ``snapshot``, ``dead-letters``, ``workers``,
-``watch`` and ``tasks``.  ``docket_core.cli`` parses the command line and
-dispatches here."""
+"""The ``docket`` commands, on typer: pydocket's (``worker``, ``strike``,
+``restore``, ``clear``, ``snapshot``, ``watch``, ``workers ls|for-task``,
+``tasks trace|fail|sleep``, ``version``) with its options, environment
+variables and defaults, and this docket's own (``dead-letters`` and
+``dashboard``).
+
+Exit statuses: 0 done; 1 the store or docket failed (unreachable, refused);
+2 a usage error (a bad option or argument).  ``watch`` exits 0 whatever the
+run's outcome, as pydocket's does, and says the outcome.
+"""
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+import os
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Annotated, Any
 
-from ..adapter import ProgressEvent, StateEvent, StoreEvent
-from ..sansio.errors import UsageError
+import typer
+from rich.console import Console
+
 from ..sansio.strikes import Operator
-from ..sansio.values import ExecutionState
-from .parsing import parse_value, wildcard
+from . import render
+from .common import (
+    DEFAULT_URL,
+    DocketOption,
+    UrlOption,
+    duration_option,
+    fail,
+    note_memory,
+    run_guarded,
+    run_on_docket,
+)
+from .parsing import describe_strike, parse_strike_value, split_task_paths, wildcard
+from .worker_command import DEFAULT_TASKS, worker
 
 if TYPE_CHECKING:
-    from ..docket import Docket, WorkerInfo
-
-T = TypeVar("T")
-
-
-def with_docket(args: argparse.Namespace, body: Callable[[Docket], Awaitable[T]]) -> T:
-    """Open the docket named by ``args``, run ``body`` on it, return its result."""
-    import anyio
-
     from ..docket import Docket
+    from ..execution import Execution
 
-    async def run() -> T:
-        async with Docket(name=args.docket, url=args.url) as docket:
-            return await body(docket)
+__all__ = ["app"]
 
-    return anyio.run(run)
+app = typer.Typer(
+    help="docket: distributed background tasks for Python functions",
+    add_completion=True,
+    no_args_is_help=True,
+    # a traceback must not print local variables: URLs can hold passwords
+    pretty_exceptions_show_locals=False,
+)
+app.command(help="Start a worker to process tasks")(worker)
 
 
-def _strike_arguments(args: argparse.Namespace) -> tuple[str | None, str | None, str, Any]:
-    function = wildcard(args.function)
-    parameter = wildcard(args.parameter)
-    if function is None and parameter is None:
-        raise UsageError("name a task, a parameter, or both ('*' stands for any)")
-    if parameter is None:
-        return function, None, args.operator, None
-    if args.value is None:
-        raise UsageError(f"a condition on {parameter!r} needs a value to compare with")
+def output_console() -> Console:
+    """A console on standard output; a pipe or file (no width of its own)
+    gets wide lines, so keys are never cut."""
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = 200
+    return console
+
+
+@app.command(help="Print the version of docket")
+def version() -> None:
+    from .. import __version__
+
+    print(__version__)
+
+
+# -- strikes and clear ---------------------------------------------------------------------
+
+
+FunctionArgument = Annotated[
+    str, typer.Argument(help="The task to strike or restore ('*' or '' for any task)")
+]
+ParameterArgument = Annotated[
+    str, typer.Argument(help="The parameter to compare ('*' or '' for none: the whole task)")
+]
+OperatorArgument = Annotated[Operator, typer.Argument(help="How to compare the argument")]
+ValueArgument = Annotated[
+    str | None,
+    typer.Argument(
+        help=(
+            "The value to compare with, typed as TYPE:TEXT (int:42, float:1.5, bool:true, "
+            "str:x, datetime.timedelta:30; untyped: a string); for 'between', LOW,HIGH"
+        ),
+    ),
+]
+
+
+def _strike_or_restore(
+    *,
+    restore: bool,
+    function: str,
+    parameter: str,
+    operator: Operator,
+    value: str | None,
+    docket_name: str,
+    url: str,
+) -> None:
+    task, argument = wildcard(function), wildcard(parameter)
+    if task is None and argument is None:
+        raise typer.BadParameter("Must provide either a function and/or a parameter")
     try:
-        if args.operator == Operator.BETWEEN.value:
-            bounds = args.value.split(",")
-            if len(bounds) != 2:
-                raise ValueError(f"'between' needs two values, LOW,HIGH (got {args.value!r})")
-            value: Any = (parse_value(bounds[0]), parse_value(bounds[1]))
-        else:
-            value = parse_value(args.value)
+        compared = parse_strike_value(operator, value) if argument is not None else None
     except ValueError as error:
-        raise UsageError(str(error)) from None
-    return function, parameter, args.operator, value
-
-
-def _describe_strike(function: str | None, parameter: str | None, operator: str, value: Any) -> str:
-    if parameter is None:
-        return f"task {function}"
-    condition = f"{parameter} {operator} {value!r}"
-    return f"{function} calls with {condition}" if function else f"any task with {condition}"
-
-
-def command_strike(args: argparse.Namespace, out: TextIO, *, restore: bool) -> int:
-    function, parameter, operator, value = _strike_arguments(args)
+        raise typer.BadParameter(str(error), param_hint="VALUE") from None
+    verb = "Restoring" if restore else "Striking"
+    print(f"{verb} {describe_strike(task, argument, operator, compared)}")
 
     async def body(docket: Docket) -> None:
-        if restore:
-            await docket.restore(function, parameter, operator, value)
-        else:
-            await docket.strike(function, parameter, operator, value)
+        act = docket.restore if restore else docket.strike
+        await act(task, argument, operator, compared)
 
-    with_docket(args, body)
-    verb = "Restored" if restore else "Struck"
-    print(f"{verb} {_describe_strike(function, parameter, operator, value)}", file=out)
-    return 0
+    run_on_docket(url, docket_name, body)
 
 
-def command_clear(args: argparse.Namespace, out: TextIO) -> int:
-    count = with_docket(args, lambda docket: docket.clear())
-    print(f"Cleared {count} task{'s' if count != 1 else ''}", file=out)
-    return 0
-
-
-def _relative(moment: datetime, reference: datetime) -> str:
-    seconds = (moment - reference).total_seconds()
-    if abs(seconds) < 0.0005:
-        return "now"
-    text = _format_seconds(abs(seconds))
-    return f"in {text}" if seconds > 0 else f"{text} ago"
-
-
-def _format_seconds(seconds: float) -> str:
-    if seconds < 1:
-        return f"{seconds * 1000:.0f}ms"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, seconds = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [len(header) for header in headers]
-    for row in rows:
-        widths = [max(width, len(cell)) for width, cell in zip(widths, row, strict=True)]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in [list(headers), ["-" * width for width in widths], *rows]
-    ]
-    return "\n".join(lines)
-
-
-def _rows(executions: Sequence[Any], more: Callable[[Any], list[str]]) -> list[list[str]]:
-    """Table rows of executions: key, function, attempt, then ``more(execution)``."""
-    return [[str(e.key), str(e.function_name), str(e.attempt), *more(e)] for e in executions]
-
-
-def command_snapshot(args: argparse.Namespace, out: TextIO) -> int:
-    snapshot = with_docket(args, lambda docket: docket.snapshot(limit=args.limit))
-    taken: datetime = snapshot.taken
-    print(f"Docket {args.docket!r} at {args.url}, taken {taken.isoformat()}", file=out)
-    print(
-        f"{snapshot.total_tasks} task(s): {snapshot.running_total} running, "
-        f"{snapshot.future_total} future; {len(snapshot.workers)} worker(s)",
-        file=out,
+@app.command(help="Strike a task, or its calls whose argument matches, from the docket")
+def strike(
+    function: FunctionArgument = "*",
+    parameter: ParameterArgument = "*",
+    operator: OperatorArgument = Operator.EQUAL,
+    value: ValueArgument = None,
+    docket_: DocketOption = "docket",
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    _strike_or_restore(
+        restore=False,
+        function=function,
+        parameter=parameter,
+        operator=operator,
+        value=value,
+        docket_name=docket_,
+        url=url,
     )
-    if not snapshot.complete:
-        shown = len(snapshot.running) + len(snapshot.future)
-        print(f"showing {shown} of {snapshot.total_tasks} (--limit {args.limit})", file=out)
-    if snapshot.malformed or snapshot.dead_letters:
-        print(
-            f"{len(snapshot.malformed)} malformed message(s) in the queue, "
-            f"{snapshot.dead_letters} dead letter(s) ('docket dead-letters ls')",
-            file=out,
-        )
-    print(file=out)
-    running = sorted(snapshot.running, key=lambda e: e.started)
-    print("Running", file=out)
-    rows = _rows(running, lambda e: [str(e.worker), _relative(e.started, taken)])
-    print(_table(["KEY", "FUNCTION", "ATTEMPT", "WORKER", "STARTED"], rows), file=out)
-    print(file=out)
-    print("Future", file=out)
-    rows = _rows(
-        sorted(snapshot.future, key=lambda e: e.when), lambda e: [_relative(e.when, taken)]
+
+
+@app.command(help="Restore a task, or calls, struck with the same arguments")
+def restore(
+    function: FunctionArgument = "*",
+    parameter: ParameterArgument = "*",
+    operator: OperatorArgument = Operator.EQUAL,
+    value: ValueArgument = None,
+    docket_: DocketOption = "docket",
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    _strike_or_restore(
+        restore=True,
+        function=function,
+        parameter=parameter,
+        operator=operator,
+        value=value,
+        docket_name=docket_,
+        url=url,
     )
-    print(_table(["KEY", "FUNCTION", "ATTEMPT", "WHEN"], rows), file=out)
-    return 0
 
 
-def command_dead_letters(args: argparse.Namespace, out: TextIO) -> int:
-    if args.dead_command == "ls":
-        total, letters = with_docket(args, lambda docket: docket.dead_letters(args.limit))
-        print(f"{total} dead letter(s)", file=out)
-        rows = [
-            [
-                letter.entry_id,
-                letter.key or "-",
-                datetime.fromtimestamp(letter.dead_at, UTC).isoformat(),
-                letter.reason,
-            ]
-            for letter in letters
-        ]
-        print(_table(["ID", "KEY", "DEAD SINCE", "REASON"], rows), file=out)
-        return 0
-    if not args.ids and not args.all:
-        raise UsageError("name dead letter ids, or --all")
-    if args.ids and args.all:
-        raise UsageError("name dead letter ids or --all, not both")
-
-    async def act(docket: Docket) -> int:
-        ids: list[str] | None = None if args.all else list(args.ids)
-        if args.dead_command == "drop":
-            return await docket.drop_dead_letters(ids)
-        return await docket.replay_dead_letters(ids)
-
-    count = with_docket(args, act)
-    verb = "Dropped" if args.dead_command == "drop" else "Replayed"
-    print(f"{verb} {count} dead letter(s)", file=out)
-    return 0
+@app.command(help="Clear every scheduled and queued task from the docket")
+def clear(docket_: DocketOption = "docket", url: UrlOption = DEFAULT_URL) -> None:
+    count = run_on_docket(url, docket_, lambda docket: docket.clear())
+    print(f"Cleared {count} tasks from docket '{docket_}'")
 
 
-def _workers_table(workers: Sequence[WorkerInfo], out: TextIO) -> int:
-    now = datetime.now().astimezone()
-    rows = [
-        [
-            str(worker.name),
-            _relative(worker.last_seen, now),
-            ", ".join(sorted(worker.tasks)),
-        ]
-        for worker in sorted(workers, key=lambda w: w.name)
-    ]
-    print(_table(["NAME", "LAST SEEN", "TASKS"], rows), file=out)
-    return 0
+# -- snapshot, watch --------------------------------------------------------------------------
 
 
-def command_workers_ls(args: argparse.Namespace, out: TextIO) -> int:
-    return _workers_table(with_docket(args, lambda docket: docket.workers()), out)
+@app.command(help="Show what is on the docket right now: running and future tasks, with totals")
+def snapshot(
+    tasks: Annotated[
+        list[str],
+        typer.Option(
+            "--tasks",
+            help="A task collection to register (module:attribute); repeatable",
+            envvar="DOCKET_TASKS",
+        ),
+    ] = DEFAULT_TASKS,
+    docket_: DocketOption = "docket",
+    url: UrlOption = DEFAULT_URL,
+    stats: Annotated[
+        bool, typer.Option("--stats", help="Also count the tasks by function")
+    ] = False,
+    limit: Annotated[
+        int,
+        typer.Option(help="List at most this many running and future tasks each", min=1),
+    ] = 1000,
+) -> None:
+    async def body(docket: Docket) -> Any:
+        for path in split_task_paths(tasks):
+            docket.register_collection(path)
+        return await docket.snapshot(limit=limit)
+
+    taken = run_on_docket(url, docket_, body)
+    console = output_console()
+    console.print(render.snapshot_table(taken, docket_))
+    for line in render.snapshot_notes(taken, limit):
+        console.print(line, markup=False, highlight=False)
+    if stats:
+        console.print()
+        console.print(render.task_stats_table(taken))
 
 
-def command_workers_for_task(args: argparse.Namespace, out: TextIO) -> int:
-    workers = with_docket(args, lambda docket: docket.task_workers(args.task))
-    return _workers_table(workers, out)
+@app.command(help="Follow a task's state and progress, live, until it ends")
+def watch(
+    key: Annotated[str, typer.Argument(help="The key of the task to follow")],
+    url: Annotated[
+        str,
+        typer.Option(
+            "--url",
+            "-u",
+            help="The store holding the docket",
+            envvar=["DOCKET_REDIS_URL", "DOCKET_URL"],
+        ),
+    ] = DEFAULT_URL,
+    docket_name: Annotated[
+        str, typer.Option("--docket", "-d", help="The name of the docket", envvar="DOCKET_NAME")
+    ] = "docket",
+    poll_interval: Annotated[
+        timedelta,
+        typer.Option(
+            parser=duration_option,
+            help="How often to read the task again, besides its live events",
+            show_default="1s",
+        ),
+    ] = timedelta(seconds=1),
+) -> None:
+    from .watch import watch_execution
+
+    console = output_console()
+    run_on_docket(
+        url, docket_name, lambda docket: watch_execution(docket, key, console, poll_interval)
+    )
 
 
-# -- watch and the built-in tasks ------------------------------------------------------------
+# -- the built-in tasks ----------------------------------------------------------------------
+
+tasks_app = typer.Typer(help="Add one of docket's built-in tasks", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+
+DelayOption = Annotated[
+    timedelta,
+    typer.Option(
+        parser=duration_option, help="How long from now the task is due", show_default="0s"
+    ),
+]
 
 
-def _describe_event(event: StoreEvent) -> str | None:
-    if isinstance(event, ProgressEvent):
-        if not event.current and not event.message:
-            return None
-        text = f"progress {event.current}/{event.total}"
-        return f"{text} {event.message}" if event.message else text
-    text = f"state {event.state.value}"
-    if event.worker:
-        text += f" on {event.worker}"
-    if event.error:
-        text += f": {event.error}"
-    return text
+def _add_builtin(
+    url: str, docket_name: str, function: Callable[..., Awaitable[None]], delay: timedelta
+) -> Callable[..., None]:
+    def add(*args: Any) -> None:
+        async def body(docket: Docket) -> Execution:
+            return await docket.add(function, when=datetime.now(UTC) + delay)(*args)
+
+        execution = run_on_docket(url, docket_name, body)
+        name = function.__name__
+        print(f"Added {name} task {execution.key!r} to the docket {docket_name!r}")
+
+    return add
 
 
-def command_watch(args: argparse.Namespace, out: TextIO) -> int:
-    """Follow one execution's state and progress until it ends."""
-    import anyio
+@tasks_app.command(help="Add a task that logs MESSAGE")
+def trace(
+    docket_: DocketOption = "docket",
+    url: UrlOption = DEFAULT_URL,
+    message: Annotated[str, typer.Argument(help="The message to log")] = "Howdy!",
+    delay: DelayOption = timedelta(0),
+) -> None:
+    from .. import tasks
 
-    poll = args.poll_interval.total_seconds()
-
-    async def body(docket: Docket) -> ExecutionState:
-        execution = await docket.get_execution(args.key)
-        if execution is None:
-            raise UsageError(f"docket {docket.name!r} has no execution {args.key!r}")
-        shown: list[str] = []
-
-        def show(event: StoreEvent) -> None:
-            line = _describe_event(event)
-            if line is not None and (not shown or shown[-1] != line):
-                shown.append(line)
-                stamp = datetime.now().astimezone().strftime("%H:%M:%S")
-                print(f"{stamp} {args.key} {line}", file=out, flush=True)
-
-        async with anyio.create_task_group() as group:
-
-            async def follow() -> None:
-                async for event in execution.events():
-                    show(event)
-                    if execution.state.terminal:
-                        group.cancel_scope.cancel()
-
-            async def check() -> None:
-                # published events can be missed (a reconnection): look, too
-                while True:
-                    await anyio.sleep(poll)
-                    await execution.sync()
-                    if execution.state.terminal:
-                        show(StateEvent(key=execution.key, state=execution.state))
-                        group.cancel_scope.cancel()
-
-            group.start_soon(follow)
-            group.start_soon(check)
-        return execution.state
-
-    state = with_docket(args, body)
-    return 1 if state is ExecutionState.FAILED else 0
+    _add_builtin(url, docket_, tasks.trace, delay)(message)
 
 
-def command_tasks(args: argparse.Namespace, out: TextIO) -> int:
-    """Add one of the built-in tasks (``trace``, ``fail``, ``sleep``)."""
-    when = datetime.now(UTC) + args.delay
-    argument: Any = args.seconds if args.task == "sleep" else args.message
+def fail_(
+    docket_: DocketOption = "docket",
+    url: UrlOption = DEFAULT_URL,
+    message: Annotated[str, typer.Argument(help="The error's message")] = "Howdy!",
+    delay: DelayOption = timedelta(0),
+) -> None:
+    from .. import tasks
 
-    async def body(docket: Docket) -> str:
-        execution = await docket.add(args.task, when=when)(argument)
-        return execution.key
+    _add_builtin(url, docket_, tasks.fail, delay)(message)
 
-    key = with_docket(args, body)
-    print(f"Added {args.task} task {key!r}", file=out)
-    return 0
+
+tasks_app.command(name="fail", help="Add a task that fails with MESSAGE (tried twice)")(fail_)
+
+
+@tasks_app.command(help="Add a task that sleeps SECONDS")
+def sleep(
+    docket_: DocketOption = "docket",
+    url: UrlOption = DEFAULT_URL,
+    seconds: Annotated[float, typer.Argument(help="How long to sleep")] = 1,
+    delay: DelayOption = timedelta(0),
+) -> None:
+    from .. import tasks
+
+    _add_builtin(url, docket_, tasks.sleep, delay)(seconds)
+
+
+# -- workers -------------------------------------------------------------------------------
+
+workers_app = typer.Typer(help="Look at the docket's live workers", no_args_is_help=True)
+app.add_typer(workers_app, name="workers")
+
+
+@workers_app.command(name="ls", help="List the live workers")
+def workers_ls(docket_: DocketOption = "docket", url: UrlOption = DEFAULT_URL) -> None:
+    workers = run_on_docket(url, docket_, lambda docket: docket.workers())
+    output_console().print(render.workers_table(docket_, workers))
+
+
+@workers_app.command(name="for-task", help="List the live workers that can run TASK")
+def workers_for_task(
+    task: Annotated[str, typer.Argument(help="The task's name")],
+    docket_: DocketOption = "docket",
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    workers = run_on_docket(url, docket_, lambda docket: docket.task_workers(task))
+    output_console().print(render.workers_table(docket_, workers, highlight_task=task))
+
+
+# -- dead letters ----------------------------------------------------------------------------
+
+dead_letters_app = typer.Typer(
+    help="List, replay or drop the malformed messages set aside", no_args_is_help=True
+)
+app.add_typer(dead_letters_app, name="dead-letters")
+
+IdsArgument = Annotated[
+    list[str] | None, typer.Argument(help="Dead letter ids (from 'dead-letters ls')")
+]
+AllOption = Annotated[bool, typer.Option("--all", help="Every dead letter")]
+
+
+@dead_letters_app.command(name="ls", help="List the newest dead letters, with their reasons")
+def dead_letters_ls(
+    docket_: DocketOption = "docket",
+    url: UrlOption = DEFAULT_URL,
+    limit: Annotated[int, typer.Option(help="List at most this many", min=1)] = 100,
+) -> None:
+    total, letters = run_on_docket(url, docket_, lambda docket: docket.dead_letters(limit))
+    output_console().print(render.dead_letters_table(total, letters))
+
+
+def _dead_letters_act(
+    ids: list[str] | None, every: bool, url: str, docket_name: str, drop: bool
+) -> None:
+    if not ids and not every:
+        raise typer.BadParameter("name dead letter ids, or --all")
+    if ids and every:
+        raise typer.BadParameter("name dead letter ids or --all, not both")
+    chosen = None if every else list(ids or ())
+
+    async def body(docket: Docket) -> int:
+        if drop:
+            return await docket.drop_dead_letters(chosen)
+        return await docket.replay_dead_letters(chosen)
+
+    count = run_on_docket(url, docket_name, body)
+    print(f"{'Dropped' if drop else 'Replayed'} {count} dead letter(s)")
+
+
+@dead_letters_app.command(name="replay", help="Put dead letters back in the queue, as they were")
+def dead_letters_replay(
+    ids: IdsArgument = None,
+    every: AllOption = False,
+    docket_: DocketOption = "docket",
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    _dead_letters_act(ids, every, url, docket_, drop=False)
+
+
+@dead_letters_app.command(name="drop", help="Remove dead letters for good")
+def dead_letters_drop(
+    ids: IdsArgument = None,
+    every: AllOption = False,
+    docket_: DocketOption = "docket",
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    _dead_letters_act(ids, every, url, docket_, drop=True)
+
+
+# -- dashboard -------------------------------------------------------------------------------
+
+
+@app.command(help="Serve a read-only web page showing the docket, updated live")
+def dashboard(
+    docket_: DocketOption = "docket",
+    url: UrlOption = DEFAULT_URL,
+    host: Annotated[
+        str, typer.Option(help="The address to listen on", envvar="DOCKET_DASHBOARD_HOST")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(help="The port to listen on", envvar="DOCKET_DASHBOARD_PORT")
+    ] = 8080,
+) -> None:
+    try:
+        from ..dashboard import serve_dashboard
+    except ImportError as error:
+        fail(f"the dashboard is not available ({error})", 1)
+    note_memory(url)
+    try:
+        run_guarded(lambda: serve_dashboard(url=url, name=docket_, host=host, port=port))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None

@@ -11,6 +11,9 @@ sub-namespaces, so no task key can collide with an internal key):
 
 ======================  ======  ===================================================
 ``P:q``                 stream  queued and delivered messages; group ``docket-workers``
+``P:wake``              stream  wake-ups for blocked readers (at most one entry;
+                                group ``docket-workers``): a new soonest
+                                scheduled message re-arms one reader's timer
 ``P:due``               zset    task key -> ``when`` of scheduled messages
 ``P:msg:<key>``         hash    the scheduled message of a task key
 ``P:run:<key>``         hash    the task key's record (state, generation, result...)
@@ -39,13 +42,28 @@ tags, which a standalone server allows and a cluster does not.
 ======================  ======  ===================================================
 ``S:slots:<limit>``     zset    concurrency slot holder -> last renewal
 ``S:wait:<limit>``      list    parked tasks, oldest first: ``<#P>:<P><#key>:<key>``
-``S:waiting``           set     limits that have parked tasks
+``S:stale``             zset    limits that have parked tasks -> the time their
+                                next stale slot counts from: their oldest slot
+                                renewal, or while nobody holds one, their
+                                ``S:woken`` (0 if none); a read looks only at
+                                the limits due by its cutoff
 ``S:woken``             hash    limit -> when its last waiter was woken
 ======================  ======  ===================================================
 
+Admission controls (``Debounce``, ``Cooldown``, ``RateLimit``) keep their
+state in the same namespace ``S`` of their scope (``admit.lua`` says what
+each field holds); each key expires a minute past the state's own end:
+
+======================  ======  ===================================================
+``S:debounce:<key>``    hash    the latest submission, the waiting winner, the
+                                executions admitted last
+``S:cooldown:<key>``    hash    the execution that started and its window's end
+``S:ratelimit:<key>``   zset    execution -> start, the starts of ``2 * per``
+======================  ======  ===================================================
+
 A parked record carries ``parked`` (the limit) and ``pin`` (its ``S``).
-Permanent keys (no TTL while the docket is in use): ``P:q``, ``P:due``, ``P:dead``,
-``P:parked``, ``P:pools``, ``S:waiting``, ``P:workers``, ``P:strikes``,
+Permanent keys (no TTL while the docket is in use): ``P:q``, ``P:wake``, ``P:due``,
+``P:dead``, ``P:parked``, ``P:pools``, ``S:stale``, ``P:workers``, ``P:strikes``,
 ``P:generation``.  ``P:did:<origin>`` expires ``remember`` after its
 worker's last remembered call, and holds only the outcomes whose replies the
 worker may not have had.  A record (``P:run:<key>``) has no TTL while its key is live
@@ -72,6 +90,7 @@ SCRIPT_NAMES = (
     "clear",
     "bury",
     "dead",
+    "admit",
 )
 
 

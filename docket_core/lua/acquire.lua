@@ -5,10 +5,11 @@
 -- flush go in one call.  Returns one 1 (acquired) or 0 (parked) per
 -- acquisition; a resend answers its first outcome, except that an acquired
 -- slot is renewed to the resend's now, or answers 2 (lost) if it was taken
--- over meanwhile.  A delivery another worker holds now answers 2 too.
-local function acquire(limit, holder, max, now, stale_after, id, key, gen, S)
-  -- a delivery another worker took over is not admitted here
-  if taken_over(id) then return 2 end
+-- over meanwhile.  A delivery its sender no longer holds answers 2 too.
+local function acquire(limit, holder, max, now, stale_after, id, key, gen, S, now_text)
+  -- a delivery another worker took over, or none holds (a send forgotten
+  -- since parked and acknowledged it), is not admitted here
+  if WORKER and holder_of(id) ~= WORKER then return 2 end
   -- a slot set outlives its holders' renewals by far (they renew every
   -- stale_after / 4), and at least a minute
   local slot_ttl = math.floor(math.max(stale_after * 4, 60) * 1000)
@@ -16,6 +17,7 @@ local function acquire(limit, holder, max, now, stale_after, id, key, gen, S)
   local function take()
     redis.call('ZADD', slots, now, holder)
     redis.call('PEXPIRE', slots, slot_ttl)
+    restale_waiting(S, limit)
     return 1
   end
   if redis.call('ZSCORE', slots, holder) then return take() end
@@ -28,10 +30,13 @@ local function acquire(limit, holder, max, now, stale_after, id, key, gen, S)
   -- park: the delivery is acknowledged and the key waits at the tail
   acknowledge(id)
   local run = run_key(key)
-  local r = redis.call('HMGET', run, 'g', 'parked', 'pin')
-  if tonumber(r[1] or '-1') == tonumber(gen) and not (r[2] == limit and r[3] == S) then
+  local r = redis.call('HMGET', run, 'g', 'parked', 'pin', 'cancel')
+  if tonumber(r[1] or '-1') == tonumber(gen) and r[4] then
+    -- cancelled since its claim: it never waits, it concludes cancelled
+    cancel_key(key, now_text, r[4])
+  elseif tonumber(r[1] or '-1') == tonumber(gen) and not (r[2] == limit and r[3] == S) then
     redis.call('RPUSH', wait_key(S, limit), waiter(P, key))
-    redis.call('SADD', S .. ':waiting', limit)
+    restale(S, limit)
     redis.call('SADD', P .. ':parked', key)
     -- this docket's reads watch the shared namespace for stale slots
     if S ~= P then redis.call('SADD', P .. ':pools', S) end
@@ -47,6 +52,7 @@ local function replay(first, limit, holder, now, S)
   local slots = S .. ':slots:' .. limit
   if not redis.call('ZSCORE', slots, holder) then return 2 end
   redis.call('ZADD', slots, now, holder)
+  restale_waiting(S, limit)
   return 1
 end
 local f = unpack_fields(ARGV[4])
@@ -60,7 +66,7 @@ for i = 1, #f, 10 do
   else
     acquired[#acquired + 1] = remember(f[i + 9], acquire(
       f[i], f[i + 1], tonumber(f[i + 2]), tonumber(f[i + 3]), tonumber(f[i + 4]), f[i + 5],
-      f[i + 6], f[i + 7], f[i + 8]))
+      f[i + 6], f[i + 7], f[i + 8], f[i + 3]))
   end
 end
 return acquired

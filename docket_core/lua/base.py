@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import attrs
 
-from ..adapter import ReadResult, StoreEvent
+from ..adapter import Depths, ReadResult, StoreEvent
 from ..sansio.decisions import is_live
 from ..sansio.effects import StoreEffect
 from ..sansio.errors import StoreError, StoreUnavailable
@@ -38,6 +38,7 @@ from .acl import acl_refusal
 from .entries import (
     parse_cancellation,
     parse_dead_letters,
+    parse_depths,
     parse_event,
     parse_progress,
     parse_progress_reply,
@@ -89,7 +90,6 @@ def transient(message: str) -> bool:
     return _TRANSIENT.search(message) is not None
 
 
-
 def reply_error(message: str, what: str, server: str) -> StoreError:
     """The error for the server's error reply to ``what`` (both clients word
     it alike): an ACL refusal naming the command, a "not now" reply as
@@ -100,6 +100,7 @@ def reply_error(message: str, what: str, server: str) -> StoreError:
     if transient(message):
         return StoreUnavailable(f"{server} is not ready: {message}")
     return StoreError(f"{server} refused {what}: {message}")
+
 
 class ScriptedStore(abc.ABC):
     """A ``StorageAdapter`` for Redis-protocol servers, minus the client."""
@@ -123,13 +124,15 @@ class ScriptedStore(abc.ABC):
     @abc.abstractmethod
     async def read_blocking(
         self, worker: str, count: int, block_ms: int
-    ) -> list[tuple[Any, list[Any]]]:
+    ) -> dict[str, list[tuple[Any, list[Any]]]] | None:
         """``XREADGROUP GROUP docket-workers worker COUNT count BLOCK block_ms
-        STREAMS <stream> >``: the entries as ``(id, [f, v, ...])``, or ``[]``."""
+        STREAMS <stream> <wake stream> > >``: stream name -> its entries as
+        ``(id, [f, v, ...])`` (``{}`` when the time ran out), or ``None`` when
+        a stream has no consumer group (the next read script creates it)."""
 
     @abc.abstractmethod
-    async def acknowledge(self, ids: Sequence[str]) -> None:
-        """``XACK`` and ``XDEL`` these stream entries."""
+    async def acknowledge(self, stream: str, ids: Sequence[str]) -> None:
+        """``XACK`` and ``XDEL`` these entries of ``stream``, as one transaction."""
 
     @abc.abstractmethod
     async def hash_fields(self, key: str) -> list[Any]:
@@ -192,6 +195,7 @@ class ScriptedStore(abc.ABC):
             PROMOTE_LIMIT,
             "1" if recover else "0",
             self._autoclaim_cursor.get(worker, "0-0"),
+            "1" if self._repair_wake_group else "0",
         )
         started = time.monotonic()
         (reply,) = await self.run_calls([call])
@@ -208,6 +212,7 @@ class ScriptedStore(abc.ABC):
                 worker,
             )
         self._read_before = True
+        self._repair_wake_group = False
         if result.deliveries or result.malformed or block <= 0:
             return result
         # A blocked read ends early when a message arrives, but its timeout is
@@ -219,27 +224,43 @@ class ScriptedStore(abc.ABC):
         due_in = math.inf if result.next_due is None else result.next_due - now
         wait = min(block, max(due_in, 0.0))
         server_block = wait if due_in > block else wait - SERVER_TICK
-        entries: list[Any] = []
+        streams: dict[str, list[tuple[Any, list[Any]]]] | None = {}
         if server_block >= 0.001:
-            entries = await self.read_blocking(worker, count, int(server_block * 1000))
+            streams = await self.read_blocking(worker, count, int(server_block * 1000))
+        if streams is None:
+            # the wake stream lost its group (or the queue its own): the next
+            # read script makes them again, so return now instead of blocking
+            self._repair_wake_group = True
+            return ReadResult(deliveries=(), next_due=result.next_due)
+        entries = streams.get(self.layout.stream, [])
+        woken = [text(entry_id) for entry_id, _ in streams.get(self.layout.wake_stream, [])]
+        if woken:
+            await self.acknowledge(self.layout.wake_stream, woken)
         if not entries:
             remaining = wait - (time.monotonic() - started)
-            if due_in <= block and remaining > 0:
+            if not woken and due_in <= block and remaining > 0:
                 await anyio.sleep(remaining)
             return ReadResult(deliveries=(), next_due=result.next_due)
-        wakes = wake_ids(entries)
-        if wakes:
-            await self.acknowledge(wakes)
+        stale_wakes = wake_ids(entries)  # wake-ups an older docket put in the queue
+        if stale_wakes:
+            await self.acknowledge(self.layout.stream, stale_wakes)
         fresh = parse_stream_entries(entries)
         return attrs.evolve(fresh, next_due=result.next_due)
 
     #: a read of this store succeeded in this process (so the consumer group
     #: existed once: a read that must create it again reports it)
     _read_before = False
+    #: a blocked read met a stream without its consumer group: the next read
+    #: script makes the wake stream's group again
+    _repair_wake_group = False
 
     async def pending(self) -> int:
         (reply,) = await self.run_calls([self.layout.call("inspect", "pending", "0")])
         return int(reply)
+
+    async def depths(self, now: float) -> Depths:
+        (reply,) = await self.run_calls([self.layout.call("inspect", "depths", number(now))])
+        return parse_depths(reply)
 
     async def get_record(self, key: str) -> ExecutionRecord | None:
         return parse_record(key, await self.hash_fields(self.layout.run_key(key)))

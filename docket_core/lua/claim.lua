@@ -1,6 +1,8 @@
 -- Claim: ARGV = prefix, group, memo header, request number, worker, now, then
 -- (id, key, generation) triples.  Returns one verdict per item: claimed,
--- superseded, cancelled or lost.  A resend answers its first verdicts, except
+-- superseded, cancelled or lost.  A running record a cancel marked (its
+-- worker died before recording the run's end) concludes cancelled instead
+-- of running again.  A resend answers its first verdicts, except
 -- that a claimed delivery another worker holds by now is lost (and one still
 -- held has its lease renewed to the resend's now).
 local seq, worker, now = ARGV[4], ARGV[5], ARGV[6]
@@ -28,12 +30,16 @@ for i = 7, #ARGV, 3 do
     verdict = 'lost'
   else
     local run = run_key(key)
-    local record = redis.call('HMGET', run, 'state', 'g')
+    local record = redis.call('HMGET', run, 'state', 'g', 'cancel')
     if record[1] == 'cancelled' then
       verdict = 'cancelled'
     elseif not record[1] or tonumber(record[2]) ~= gen or not LIVE[record[1]] then
       -- superseded, or this generation already ran to its end (an earlier copy)
       verdict = 'superseded'
+    elseif record[3] then
+      -- cancelled while it ran, and its worker never recorded the end
+      verdict = 'cancelled'
+      cancel_key(key, now, record[3])
     else
       verdict = 'claimed'
     end

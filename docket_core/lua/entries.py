@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..adapter import ProgressEvent, ReadResult, StateEvent, StoreEvent
+from ..adapter import Depths, ProgressEvent, ReadResult, StateEvent, StoreEvent
 from ..sansio.errors import StoreError
 from ..sansio.values import (
     DEFAULT_PROGRESS_TOTAL,
@@ -197,6 +197,7 @@ def parse_record(key: str, flat: Sequence[Any]) -> ExecutionRecord | None:
             completed_at=optional_float("completed"),
             error=text(f["error"]) if "error" in f else None,
             result=raw(result) if result is not None else None,
+            cancel_ttl=optional_float("cancel"),
         )
     except ValueError as error:
         raise StoreError(f"the record of {key!r} is not docket's ({error})") from error
@@ -297,6 +298,15 @@ def parse_snapshot(reply: Any, now: float) -> StoreSnapshot:
         malformed=tuple(malformed),
         dead_letters=dead_total,
     )
+
+
+def parse_depths(reply: Any) -> Depths:
+    """The reply of ``inspect depths``: ``{queued, scheduled, held}``."""
+    try:
+        queued, scheduled, held = (int(n) for n in reply)
+    except (TypeError, ValueError) as error:
+        raise StoreError(f"unexpected reply to a depth count: {reply!r:.200}") from error
+    return Depths(queued=queued, scheduled=scheduled, held=held)
 
 
 def parse_event(data: bytes) -> StoreEvent | None:

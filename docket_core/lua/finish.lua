@@ -12,6 +12,7 @@ local function finish(id, key, gen, state, now, ttl, err, has_result, result)
   local run = run_key(key)
   if tonumber(redis.call('HGET', run, 'g') or '-1') ~= gen then return 0 end
   redis.call('HSET', run, 'state', state, 'completed', now)
+  redis.call('HDEL', run, 'cancel')
   local event = {type = 'state', state = state, completed_at = tonumber(now)}
   if err ~= '' then
     redis.call('HSET', run, 'error', err)

@@ -11,6 +11,11 @@ if leaving == '1' then
   if ok and #held == 0 then
     redis.call('XGROUP', 'DELCONSUMER', Q, GROUP, worker)
   end
+  -- and its consumer of the wake stream, with any wake-up it read and never
+  -- acknowledged (stopped in the middle of a blocked read)
+  if redis.call('EXISTS', WAKE) == 1 then
+    pcall(redis.call, 'XGROUP', 'DELCONSUMER', WAKE, GROUP, worker)
+  end
   return 0
 end
 redis.call('ZADD', workers, now, worker)

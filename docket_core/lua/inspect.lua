@@ -1,5 +1,9 @@
--- Inspect: ARGV = prefix, group, what, limit.  Read-only views:
+-- Inspect: ARGV = prefix, group, what, limit (or now).  Read-only views:
 --   'pending'  -> number of scheduled, queued, held and parked messages
+--   'depths'   -> {queued, scheduled, held} at now (ARGV[4]): due and not yet
+--                 handed out (in the queue, or scheduled and due), waiting
+--                 for a later time or a slot (scheduled, parked), and handed
+--                 to a worker and not yet acknowledged; their sum is 'pending'
 --   'snapshot' -> {queued {id, fields} (not held by a worker), held {id,
 --                  fields, consumer, idle ms}, scheduled messages, parked
 --                  messages, workers {name, score, tasks}, counts {queued,
@@ -9,36 +13,35 @@ local what, limit = ARGV[3], tonumber(ARGV[4])
 if what == 'pending' then
   return redis.call('XLEN', Q) + redis.call('ZCARD', DUE) + redis.call('SCARD', P .. ':parked')
 end
-if what ~= 'snapshot' or not limit or limit < 1 then error('docket: unknown inspection') end
-local held_total, pending = 0, {}
-local ok, summary = pcall(redis.call, 'XPENDING', Q, GROUP)
-if ok then
-  held_total = summary[1]
-  pending = redis.call('XPENDING', Q, GROUP, '-', '+', limit)
+-- how many queue entries workers hold (no consumer group: none)
+local function held_count()
+  if redis.call('EXISTS', Q) == 0 then return 0 end
+  local ok, summary = pcall(redis.call, 'XPENDING', Q, GROUP)
+  if ok then return summary[1] end
+  return 0
 end
+if what == 'depths' then
+  local now = ARGV[4]
+  if not tonumber(now) then error('docket: depths takes a now') end
+  local held = held_count()
+  local due = redis.call('ZCOUNT', DUE, '-inf', now)
+  local later = redis.call('ZCARD', DUE) - due + redis.call('SCARD', P .. ':parked')
+  return {math.max(redis.call('XLEN', Q) - held, 0) + due, later, held}
+end
+if what ~= 'snapshot' or not limit or limit < 1 then error('docket: unknown inspection') end
+local held_total, pending = held_count(), {}
+if held_total > 0 then pending = redis.call('XPENDING', Q, GROUP, '-', '+', limit) end
 local held, is_held = {}, {}
 for _, p in ipairs(pending) do
   is_held[p[1]] = true
   local entry = redis.call('XRANGE', Q, p[1], p[1])[1]
   held[#held + 1] = {p[1], entry and entry[2] or {}, p[2], p[3]}
 end
-local queued, wakes, seen = {}, 0, {}
-local function is_wake(fields) return not fields or #fields == 0 or fields[1] == 'wake' end
-local entries = redis.call('XRANGE', Q, '-', '+', 'COUNT', limit + #held)
-for _, entry in ipairs(entries) do
+local queued = {}
+for _, entry in ipairs(redis.call('XRANGE', Q, '-', '+', 'COUNT', limit + #held)) do
   local id = entry[1]
-  seen[id] = true
-  if is_wake(entry[2]) then
-    wakes = wakes + 1
-  elseif not (is_held[id] or (held_total > #held and holder_of(id))) and #queued < limit then
+  if not (is_held[id] or (held_total > #held and holder_of(id))) and #queued < limit then
     queued[#queued + 1] = entry
-  end
-end
--- wake-up entries are not tasks: a queue longer than the page has them at
--- its tail (readers acknowledge them at once), so look there too
-if #entries == limit + #held then
-  for _, entry in ipairs(redis.call('XREVRANGE', Q, '+', '-', 'COUNT', 16)) do
-    if not seen[entry[1]] and is_wake(entry[2]) then wakes = wakes + 1 end
   end
 end
 local scheduled = {}
@@ -68,7 +71,7 @@ for i = 1, #workers, 2 do
   infos[#infos + 1] = {workers[i], workers[i + 1],
                        redis.call('GET', P .. ':worker-tasks:' .. workers[i]) or '[]'}
 end
-local counts = {math.max(redis.call('XLEN', Q) - held_total - wakes, 0), held_total,
+local counts = {math.max(redis.call('XLEN', Q) - held_total, 0), held_total,
                 redis.call('ZCARD', DUE), redis.call('SCARD', P .. ':parked'),
                 redis.call('XLEN', P .. ':dead')}
 return {queued, held, scheduled, parked, infos, counts}

@@ -6,6 +6,9 @@ local P = ARGV[1]
 local GROUP = ARGV[2]
 local Q = P .. ':q'
 local DUE = P .. ':due'
+-- wake-up entries for blocked readers live apart from the queue, so they
+-- never count as messages nor against a read's count
+local WAKE = P .. ':wake'
 -- the dead-letter stream keeps about this many entries (the newest)
 local DEAD_LETTER_LIMIT = 10000
 
@@ -80,6 +83,16 @@ local function waiter(prefix, key) return #prefix .. ':' .. prefix .. #key .. ':
 local function waiter_of(entry)
   local fields = unpack_fields(entry)
   return fields[1], fields[2]
+end
+
+-- the wake stream and its consumer group (a blocked read names both streams);
+-- with repair, also a group someone removed from a stream that is still there
+local function wake_group(repair)
+  if redis.call('EXISTS', WAKE) == 0 then
+    redis.call('XGROUP', 'CREATE', WAKE, GROUP, '$', 'MKSTREAM')
+  elseif repair then
+    pcall(redis.call, 'XGROUP', 'CREATE', WAKE, GROUP, '$')
+  end
 end
 
 -- p: the prefix of the docket the key belongs to (P unless given)
@@ -173,16 +186,41 @@ local function next_generation()
   return redis.call('INCR', P .. ':generation')
 end
 
--- cancel a key that has a record: remove its message, give it a new
--- generation (no copy in flight may start), record and publish the
--- cancellation; returns the new generation
-local function cancel_key(key, now, ttl)
+-- conclude a key that has a record as `state` ('cancelled' unless given,
+-- with `err` if any): remove its message, give it a new generation (no copy
+-- in flight may start), record and publish the end; returns the new
+-- generation.  A running record's 'cancel' field (the ttl a cancel gave
+-- while it ran: its run records its own end, and nothing follows it) goes.
+local function cancel_key(key, now, ttl, state, err)
+  state = state or 'cancelled'
   unqueue(key)
+  local run = run_key(key)
   local gen = next_generation()
-  redis.call('HSET', run_key(key), 'g', gen, 'state', 'cancelled', 'completed', now)
+  redis.call('HSET', run, 'g', gen, 'state', state, 'completed', now)
+  redis.call('HDEL', run, 'cancel')
+  local event = {type = 'state', state = state, completed_at = tonumber(now)}
+  if err and err ~= '' then
+    redis.call('HSET', run, 'error', err)
+    event['error'] = err
+  end
   conclude(key, ttl)
-  publish(key, {type = 'state', state = 'cancelled', completed_at = tonumber(now)})
+  publish(key, event)
   return gen
+end
+
+-- S:stale holds the limits of S that have waiters, each scored with the time
+-- its next stale slot is measured from: the oldest renewal of its slots or,
+-- while nobody holds one, when its last waiter was woken (0: never).  A read
+-- looks only at the limits scored at or before its cutoff (read.lua).  Every
+-- change to a waiting limit's slots or woken time calls restale.
+local function restale(S, limit)
+  local oldest = redis.call('ZRANGE', S .. ':slots:' .. limit, 0, 0, 'WITHSCORES')[2]
+  local at = oldest or redis.call('HGET', S .. ':woken', limit) or 0
+  redis.call('ZADD', S .. ':stale', at, limit)
+end
+-- restale, if the limit has waiters
+local function restale_waiting(S, limit)
+  if redis.call('ZSCORE', S .. ':stale', limit) then restale(S, limit) end
 end
 
 -- queue the oldest live waiter of limit in namespace S; returns 1 if one woke
@@ -191,7 +229,7 @@ local function wake(S, limit, now)
   while true do
     local entry = redis.call('LPOP', waiting)
     if not entry then
-      redis.call('SREM', S .. ':waiting', limit)
+      redis.call('ZREM', S .. ':stale', limit)
       redis.call('HDEL', S .. ':woken', limit)
       return 0
     end
@@ -205,10 +243,11 @@ local function wake(S, limit, now)
       if (tonumber(when or '') or 0) > tonumber(now) then when = now end
       enqueue(key, r[4], r[5], when, r[7], r[8], p)
       if redis.call('LLEN', waiting) == 0 then
-        redis.call('SREM', S .. ':waiting', limit)
+        redis.call('ZREM', S .. ':stale', limit)
         redis.call('HDEL', S .. ':woken', limit)
       else
         redis.call('HSET', S .. ':woken', limit, now)
+        restale(S, limit)
       end
       return 1
     end

@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from ..sansio.admission import Admit
 from ..sansio.effects import (
     AcquireSlot,
     BuryMalformed,
@@ -43,6 +44,7 @@ from ..sansio.inputs import (
 from ..sansio.values import (
     ExecutionState,
 )
+from .admission import admit_fields, admitted_from_reply
 from .entries import pack, text
 
 GROUP = "docket-workers"
@@ -86,6 +88,11 @@ class Layout:
     @property
     def stream(self) -> str:
         return f"{self.prefix}:q"
+
+    @property
+    def wake_stream(self) -> str:
+        """Wake-up entries for blocked readers (apart from the queue)."""
+        return f"{self.prefix}:wake"
 
     @property
     def due(self) -> str:
@@ -181,11 +188,15 @@ def finish_fields(layout: Layout, effect: StoreEffect) -> bytes:
     )
 
 
+_TWELVE_FIELDS = b"%d:%b" * 12
+
+
 def schedule_fields(layout: Layout, effect: StoreEffect) -> bytes:
-    """One message's fields for the ``schedule`` script."""
+    """One message's 12 fields for the ``schedule`` script (``pack_fields``'
+    encoding)."""
     assert isinstance(effect, Schedule)
     m = effect.message
-    return pack_fields(
+    fields = (
         m.key.encode(),
         m.function.encode(),
         m.payload,
@@ -195,8 +206,11 @@ def schedule_fields(layout: Layout, effect: StoreEffect) -> bytes:
         number_bytes(effect.now),
         (effect.acknowledge or "").encode(),
         b"" if effect.expect_generation is None else b"%d" % effect.expect_generation,
+        b"" if effect.ended is None else effect.ended.value.encode(),
+        (effect.ended_error or "").encode(),
         request_seq(effect),
     )
+    return _TWELVE_FIELDS % tuple(x for field in fields for x in (len(field), field))
 
 
 def acquire_fields(layout: Layout, effect: StoreEffect) -> bytes:
@@ -222,6 +236,7 @@ BATCHED: dict[type[StoreEffect], tuple[str, Callable[[Layout, StoreEffect], byte
     Finish: ("finish", finish_fields),
     Schedule: ("schedule", schedule_fields),
     AcquireSlot: ("acquire", acquire_fields),
+    Admit: ("admit", admit_fields),
 }
 
 
@@ -391,6 +406,9 @@ def outcome_for(effect: StoreEffect, reply: Any) -> Outcome:
             return SlotAcquired(
                 delivery_id=effect.delivery_id, acquired=verdict == 1, lost=verdict == 2
             )
+        if kind is Admit:
+            assert isinstance(effect, Admit)
+            return admitted_from_reply(effect, reply)
         if kind is ReleaseSlot:
             assert isinstance(effect, ReleaseSlot)
             return SlotReleased(limit_key=effect.limit_key, woken=int(reply))

@@ -1,11 +1,13 @@
 -- Read: ARGV = prefix, group, worker, count, now, redelivery_ms, promote_limit,
 -- recover ('1': first hand back up to 1000 entries this worker already holds),
--- cursor (where the last scan for stale deliveries stopped; '0-0' to start).
--- Returns {deliveries, next_due, cursor, created} (created: 1 when this read
--- made the consumer group, and the stream if it was missing too).
+-- cursor (where the last scan for stale deliveries stopped; '0-0' to start),
+-- repair ('1': a blocked read found the wake stream without its group).
 -- Queues due messages, takes over deliveries idle for redelivery_ms, then
--- reads new ones.  Returns {deliveries, next_due} where each delivery is
--- {id, fields, redelivered}; wake entries are acknowledged and skipped.
+-- reads new ones.  Returns {deliveries, next_due, cursor, created} where each
+-- delivery is {id, fields, redelivered}, and created is 1 when this read made
+-- the consumer group (and the stream, if it was missing too).  Wake-up
+-- entries live in their own stream (P:wake); one met in the queue (written
+-- by an older docket) is acknowledged and skipped.
 local worker, count, now = ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local idle, limit = ARGV[6], tonumber(ARGV[7])
 local due = redis.call('ZRANGEBYSCORE', DUE, '-inf', now, 'LIMIT', 0, limit)
@@ -21,21 +23,34 @@ end
 -- free the slots of holders that stopped renewing (their worker died) and
 -- wake a waiter for each; a limit nobody holds whose last woken waiter never
 -- took its slot within the timeout (cancelled, say) wakes the next one
--- (in this docket's namespace, and in the shared ones it has parked in)
+-- (in this docket's namespace, and in the shared ones it has parked in).
+-- Only the limits S:stale scores at or before the cutoff can have such a
+-- slot or waiter, so a read looks at those alone (up to promote_limit of
+-- them; the next read goes on), however many limits have waiters.
 local stale_before = tonumber(now) - tonumber(idle) / 1000
 local function free_stale(S)
-  for _, limit in ipairs(redis.call('SMEMBERS', S .. ':waiting')) do
+  if redis.call('EXISTS', S .. ':waiting') == 1 then
+    -- the set of waiting limits an older docket kept: each is looked at now
+    for _, limit in ipairs(redis.call('SMEMBERS', S .. ':waiting')) do
+      redis.call('ZADD', S .. ':stale', 'NX', 0, limit)
+    end
+    redis.call('DEL', S .. ':waiting')
+  end
+  local due_limits = redis.call('ZRANGEBYSCORE', S .. ':stale', '-inf', stale_before,
+                                'LIMIT', 0, ARGV[7])
+  for _, limit in ipairs(due_limits) do
     local slots = S .. ':slots:' .. limit
     local freed = redis.call('ZREMRANGEBYSCORE', slots, '-inf', stale_before)
     for _ = 1, freed do wake(S, limit, now) end
     local woken = tonumber(redis.call('HGET', S .. ':woken', limit) or '0')
     if redis.call('ZCARD', slots) == 0 and woken <= stale_before then wake(S, limit, now) end
+    restale_waiting(S, limit)
   end
 end
 free_stale(P)
 for _, S in ipairs(redis.call('SMEMBERS', P .. ':pools')) do
   free_stale(S)
-  if redis.call('EXISTS', S .. ':waiting') == 0 then redis.call('SREM', P .. ':pools', S) end
+  if redis.call('EXISTS', S .. ':stale') == 0 then redis.call('SREM', P .. ':pools', S) end
 end
 local out = {}
 local function take(entries, redelivered)
@@ -53,6 +68,7 @@ if ARGV[8] == '1' then
                         'STREAMS', Q, '0')
   if ok and own then take(own[1][2], 1) end
 end
+if ARGV[10] == '1' then wake_group(true) end
 -- XAUTOCLAIM scans at most 10 x COUNT pending entries: resume where the last
 -- read stopped, so stale deliveries behind many live ones are reached too
 local created = 0
@@ -61,6 +77,7 @@ local ok, claimed = pcall(redis.call, 'XAUTOCLAIM', Q, GROUP, worker, idle,
 if not ok then
   if string.find(tostring(claimed), 'NOGROUP') then
     redis.call('XGROUP', 'CREATE', Q, GROUP, '0', 'MKSTREAM')
+    wake_group(true)
     claimed = {'0-0', {}}
     created = 1
   else

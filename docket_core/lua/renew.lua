@@ -18,6 +18,7 @@ for i = 7 + n, #ARGV, 3 do
   if redis.call('ZSCORE', slots, holder) then
     redis.call('ZADD', slots, now, holder)
     redis.call('PEXPIRE', slots, slot_ttl)
+    restale_waiting(ARGV[i], ARGV[i + 1])
   else
     lost_slots[#lost_slots + 1] = holder
   end

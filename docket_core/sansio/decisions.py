@@ -14,8 +14,9 @@ from typing import Any, overload
 
 import attrs
 
+from .cron import next_run
 from .effects import BuryMalformed, Finish, Request, Schedule, StoreEffect
-from .inputs import FollowUp, TaskEnded, TaskOutcome
+from .inputs import BlockedAction, FollowUp, TaskEnded, TaskOutcome
 from .strikes import StrikeList
 from .values import (
     ExecutionState,
@@ -27,6 +28,8 @@ from .values import (
 )
 
 _NO_FOLLOW_UP = FollowUp()
+#: the policy a cancelled run ends under: neither retried nor perpetuated
+_NO_FOLLOW_UP_POLICY = TaskPolicy()
 _NO_ARGUMENTS: Mapping[str, Any] = {}
 #: past this many doublings an exponential delay stops growing (2**64 s
 #: outlasts any clock, and a float power this large still fits)
@@ -85,17 +88,27 @@ def plan_add(
     return Schedule(message=message, mode=call.mode, now=now)
 
 
+#: the longest wait between two attempts: a century.  A longer one would not
+#: fit a ``timedelta`` or would put the next attempt past ``datetime``'s year 9999
+LONGEST_RETRY_DELAY = 100 * 365.25 * 86400.0
+
+
 def retry_delay(policy: RetryPolicy, attempt: int) -> float:
     """Seconds to wait after failed attempt number ``attempt`` (1-based).
 
     ``Retry``: always ``delay``.  ``ExponentialRetry`` (pydocket's rule):
     ``delay`` after the first attempt, then ``delay * 2 ** (attempt - 1)``
     capped at ``maximum_delay``; a ``maximum_delay`` of 0 is a cap like any
-    other (no wait from the second retry on), not "uncapped"."""
+    other (no wait from the second retry on), not "uncapped".  Whatever the
+    attempt number, the wait never exceeds ``LONGEST_RETRY_DELAY``: it never
+    overflows."""
     if not policy.exponential or attempt <= 1:
-        return policy.delay
-    doubled = policy.delay * 2.0 ** min(attempt - 1, _MAX_DOUBLINGS)
-    return min(doubled, policy.maximum_delay)
+        return min(policy.delay, LONGEST_RETRY_DELAY)
+    ceiling = min(policy.maximum_delay, LONGEST_RETRY_DELAY)
+    if policy.delay >= ceiling:
+        return ceiling
+    # doublings past _MAX_DOUBLINGS change nothing: the ceiling is reached long before
+    return min(policy.delay * 2.0 ** min(attempt - 1, _MAX_DOUBLINGS), ceiling)
 
 
 def may_retry(policy: RetryPolicy, attempt: int) -> bool:
@@ -114,20 +127,35 @@ def plan_end(
     started_at: float,
     execution_ttl: float,
     request: Request | None = None,
+    cancelled: bool = False,
 ) -> StoreEffect:
     """What the end of a run leads to: a retry, the next perpetual run, or a
     recorded outcome.  The returned effect acknowledges the delivery.
+
+    A run whose key was ``cancelled`` while it ran records how it ended
+    (completed if it returned anyway, failed if it raised, cancelled if the
+    cancellation took) and nothing follows it: no retry, no next run.
 
     - A failure with attempts left is scheduled again (attempt + 1) after the
       retry delay, or at the time the task asked for; it never shows FAILED.
     - A perpetual task that succeeded, or failed with no retry left, schedules
       its next run ``every`` seconds after this one started (start to start),
-      unless it called ``cancel()``; cancelled runs do not perpetuate.
+      or, on a cron schedule, at its first instant after both this run's end
+      and this run's own instant (so no instant runs twice), unless it called
+      ``cancel()``; cancelled runs do not perpetuate.  The
+      run's own end (completed, or failed with its error) is published first.
+    - A run an ``AdmissionBlocked`` stopped follows its flags
+      (``_plan_blocked``); one a custom ``FailureHandler`` took on is neither
+      retried nor perpetuated.
     - Anything else is recorded as completed, failed or cancelled.
     """
     now = ended.now
     follow_up = ended.follow_up or _NO_FOLLOW_UP
-    if outcome is TaskOutcome.FAILED and policy.retry is not None:
+    if follow_up.blocked is not None and not cancelled:
+        return _plan_blocked(delivery_id, message, follow_up, now, execution_ttl, error, request)
+    if cancelled or follow_up.failure_handled:
+        policy = _NO_FOLLOW_UP_POLICY
+    if outcome is TaskOutcome.FAILED and policy.retry is not None and not follow_up.retry_declined:
         if may_retry(policy.retry, message.attempt):
             when = follow_up.retry_at
             if when is None:
@@ -141,21 +169,30 @@ def plan_end(
                 request=request,
             )
     perpetual = policy.perpetual
+    next_at: float | None = None
     if (
         perpetual is not None
         and outcome is not TaskOutcome.CANCELLED
         and not follow_up.perpetual_cancelled
     ):
-        when = follow_up.perpetual_at
-        if when is None:
-            when = max(now, started_at + perpetual.every)
+        next_at = follow_up.perpetual_at
+        if next_at is None and perpetual.cron is not None:
+            # the next instant after both the run's end and its own instant
+            # (none left: the chain ends with this run)
+            next_at = next_run(perpetual.cron, ended_at=now, scheduled_for=message.when)
+        elif next_at is None:
+            next_at = max(now, started_at + perpetual.every)
+    if next_at is not None:
         payload = follow_up.perpetual_payload or message.payload
+        failed = outcome is TaskOutcome.FAILED
         return Schedule(
-            message=attrs.evolve(message, when=when, attempt=1, payload=payload),
+            message=attrs.evolve(message, when=next_at, attempt=1, payload=payload),
             mode=ScheduleMode.REPLACE,
             now=now,
             acknowledge=delivery_id,
             expect_generation=message.generation,
+            ended=ExecutionState.FAILED if failed else ExecutionState.COMPLETED,
+            ended_error=error if failed else None,
             request=request,
         )
     if outcome is TaskOutcome.SUCCEEDED:
@@ -173,6 +210,41 @@ def plan_end(
         ttl=execution_ttl,
         error=error,
         result=ended.result if execution_ttl > 0 else None,
+        request=request,
+    )
+
+
+def _plan_blocked(
+    delivery_id: str,
+    message: TaskMessage,
+    follow_up: FollowUp,
+    now: float,
+    execution_ttl: float,
+    error: str | None,
+    request: Request | None,
+) -> StoreEffect:
+    """A run an ``AdmissionBlocked`` stopped: scheduled again (the same
+    attempt), dropped (cancelled), or, when the gate handled it, recorded
+    failed unless it superseded the key itself."""
+    if follow_up.blocked is BlockedAction.RESCHEDULE:
+        when = now if follow_up.blocked_until is None else follow_up.blocked_until
+        return Schedule(
+            message=attrs.evolve(message, when=when),
+            mode=ScheduleMode.REPLACE,
+            now=now,
+            acknowledge=delivery_id,
+            expect_generation=message.generation,
+            request=request,
+        )
+    dropped = follow_up.blocked is BlockedAction.DROP
+    return Finish(
+        delivery_id=delivery_id,
+        key=message.key,
+        generation=message.generation,
+        state=ExecutionState.CANCELLED if dropped else ExecutionState.FAILED,
+        now=now,
+        ttl=execution_ttl,
+        error=None if dropped else error,
         request=request,
     )
 

@@ -86,15 +86,27 @@ class Schedule(StoreEffect):
 
     Contract, atomically:
 
-    - ``ADD``: only if the key has no scheduled, queued or running execution;
-      otherwise change nothing and report ``accepted=False``.
+    - ``ADD``: only if the key has no scheduled, queued or running execution
+      (a running one whose key was cancelled does not count: the key is free
+      again at once, as in pydocket); otherwise change nothing and report
+      ``accepted=False``.
     - ``REPLACE``: remove any scheduled or queued message of the key, bump the
       key's generation (so any message still in flight is superseded), store.
     - ``expect_generation``: if set, do nothing unless the key's current
       generation equals it (a stale predecessor never clobbers its successor);
-      the acknowledgement below still happens.
+      the acknowledgement below still happens.  When that run's key was
+      cancelled while it ran (``ExecutionRecord.cancel_ttl``), nothing
+      follows it: the message is not stored, and the record concludes as
+      ``ended`` (with ``ended_error``), or ``cancelled`` when ``ended`` is
+      unset (a retry), under a new generation, kept for the cancel's ttl;
+      the outcome is ``accepted=False``.
     - ``acknowledge``: the delivery to acknowledge in the same step (a retry or
       the next run of a perpetual task replaces the message it came from).
+    - ``ended``: how the run that this message follows ended (the next run of
+      a perpetual task), with ``ended_error`` for a failure.  When the message
+      is stored, that end is published first, as a state event with
+      ``completed_at=now`` (and ``error``), as pydocket publishes every end of
+      a perpetual run; the record is the new message's.
 
     A message whose ``when <= now`` is queued at once; a later one is scheduled.
     The new generation comes from one docket-wide counter (never reused).
@@ -106,16 +118,32 @@ class Schedule(StoreEffect):
     now: float
     acknowledge: str | None = None
     expect_generation: int | None = None
+    ended: ExecutionState | None = None
+    ended_error: str | None = None
     #: identity for resends (see the module docstring)
     request: Request | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class Cancel(StoreEffect):
-    """Cancel ``key`` whatever its stage: remove its scheduled or queued message,
-    bump its generation so no copy in flight may start, mark it cancelled
-    (unless already terminal), publish a state event and a cancellation signal
-    to workers.  The record then lives ``ttl`` seconds (0: deleted)."""
+    """Cancel ``key``; the outcome names the state it was in.
+
+    - scheduled or queued (parked included): remove its message, bump its
+      generation so no copy in flight may start, conclude it ``cancelled``
+      (a state event); the record then lives ``ttl`` seconds (0: deleted);
+    - running: mark it (``ExecutionRecord.cancel_ttl = ttl``) and nothing
+      else: no new generation, no state change.  The run records its own
+      end (``Finish``), and nothing follows it (see ``Schedule``); a copy of
+      its delivery handed out again (its worker died) is concluded
+      ``cancelled`` by its ``Claim`` instead of running, and so is one that
+      ``AcquireSlot`` would park.  Cancelling a marked record changes
+      nothing more;
+    - ended, or no record: nothing.
+
+    In every case but the last, a cancellation signal ``(key, generation)``
+    goes to the workers, naming the first generation it spares (a waiting
+    key's new one, a running key's own plus one): their runs of the key
+    below it stop."""
 
     key: str
     now: float
@@ -137,8 +165,11 @@ class Claim(StoreEffect):
     change nothing (verdict lost); else if ``generation`` is still the key's
     current one and the key has not ended (cancelled, or already run to its
     end by an earlier copy of the delivery), mark it running on ``worker``
-    and renew its lease (state event); otherwise acknowledge the delivery so it is never handed
-    out again (superseded or cancelled)."""
+    and renew its lease (state event); otherwise acknowledge the delivery so
+    it is never handed out again (superseded or cancelled).  A running
+    record a cancel marked (its worker died before the run's end was
+    recorded) does not run again: it concludes ``cancelled`` under a new
+    generation, kept for the cancel's ttl (verdict cancelled)."""
 
     worker: str
     items: tuple[ClaimItem, ...]

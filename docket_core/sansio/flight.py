@@ -116,6 +116,12 @@ class Count(enum.StrEnum):
     SUPERSEDED = "superseded"
     LOST = "lost"
     PARKED = "parked"
+    #: deliveries an admission control did not admit (``admission.BLOCKED_COUNTS``),
+    #: and those of them (or blocked by an ``AdmissionBlocked``) that run later
+    DEBOUNCED = "debounced"
+    COOLED_DOWN = "cooled_down"
+    RATE_LIMITED = "rate_limited"
+    RESCHEDULED = "rescheduled"
     #: runs stopped for their timeout
     TIMED_OUT = "timed_out"
     #: leases lost (reported by the store, or fenced), runs ended unrecorded

@@ -86,6 +86,28 @@ class FollowUp:
     perpetual_at: float | None = None
     #: ``perpetual.perpetuate(...)``: the next run's pickled arguments
     perpetual_payload: bytes | None = None
+    #: a custom ``FailureHandler`` took the failure on itself: no retry and
+    #: no next perpetual run (the end is recorded failed unless superseded)
+    failure_handled: bool = False
+    #: a ``FailureHandler`` declined the failure (``False``): no retry (a
+    #: next perpetual run still follows)
+    retry_declined: bool = False
+    #: an ``AdmissionBlocked`` stopped the run before its work: what follows
+    blocked: BlockedAction | None = None
+    #: (``BlockedAction.RESCHEDULE``) when to run it again, the same attempt
+    blocked_until: float | None = None
+
+
+class BlockedAction(enum.Enum):
+    """What follows a run an ``AdmissionBlocked`` stopped (pydocket's flags)."""
+
+    #: scheduled again at ``FollowUp.blocked_until`` (``reschedule=True``)
+    RESCHEDULE = "reschedule"
+    #: dropped: recorded cancelled (``reschedule=False``)
+    DROP = "drop"
+    #: the gate settled it itself (``handled=True``): recorded failed unless
+    #: the gate superseded the key meanwhile (a replace), as pydocket's safety net
+    HANDLED = "handled"
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -107,9 +129,9 @@ class TaskEnded(Input):
 class CancelRequested(Input):
     """Someone cancelled ``key``; stop it if it runs here.
 
-    ``generation`` is the one the cancel gave the key: only deliveries older
-    than it are cancelled (a key added again right after the cancel has a
-    newer one); ``None`` cancels every delivery of the key."""
+    ``generation``: deliveries of a generation below it are stopped, newer
+    ones (the key added again right after the cancel) run on; ``None`` stops
+    every delivery of the key."""
 
     key: str
     now: float

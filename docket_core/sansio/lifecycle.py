@@ -10,11 +10,12 @@ for raises ``InvalidTransition`` naming the phase and the step, because it
 means docket itself is wrong, not the user or the store.
 
 Everything a delivery's future depends on is its phase: a delivery asked to
-stop while its ``Claim`` or ``AcquireSlot`` is out waits for the store in a
+stop while its ``Claim``, ``Admit`` or ``AcquireSlot`` is out waits for the store in a
 phase of its own (``CLAIMING_CANCELLED``, ``ADMITTING_LOST``...), and once
 the store lets it run it never starts: it goes straight to ``CANCELLING``
-(it ends cancelled) or ``ABANDONING`` (it ends unrecorded, another worker
-owns it).  A run stopped for its timeout is ``TIMING_OUT``: it ends failed
+(it ends cancelled; a run cancelled while it ran ends as it returned or
+raised, with no follow-up) or ``ABANDONING`` (it ends unrecorded, another
+worker owns it).  A run stopped for its timeout is ``TIMING_OUT``: it ends failed
 with ``TimeoutError`` (``stopping.py``).  A row that keeps the phase is a
 step that changes nothing there (a cancel that comes too late).
 
@@ -23,7 +24,10 @@ leaves the message with the store, which hands it out again once its lease
 runs out (at-least-once).  A concurrency slot is released only by a delivery
 that left ``ADMITTING`` (or one of its stopped twins) with ``slot_acquired``,
 i.e. whose ``AcquireSlot`` came back acquired: the machine keeps that fact,
-and only it emits ``ReleaseSlot``.  ``given_up``: the store did not answer the
+and only it emits ``ReleaseSlot``.  A delivery whose task has admission
+controls (``admission.py``) is ``admitted`` (on to its slot, if it has a
+limit, or it starts) or ``blocked``: the store dropped or rescheduled it in
+the same step, acknowledging it.  ``given_up``: the store did not answer the
 delivery's effect within the resend window; the delivery is left to it,
 unacknowledged.
 
@@ -31,45 +35,45 @@ The table, as ``diagram()`` draws it (``python -m docket_core.sansio --diagram``
 a test checks that the two agree); steps that lead to the same phase share a
 line, and ``(stays)`` lists the steps that change nothing::
 
-    ARRIVED               claim                   -> CLAIMING
-                          reject                  -> FINISHING
-    CLAIMING              claimed                 -> RUNNING
-                          claimed_limited         -> ADMITTING
-                          claim_lost | given_up   -> DONE
-                          cancel                  -> CLAIMING_CANCELLED
-                          lease_lost              -> CLAIMING_LOST
-    CLAIMING_CANCELLED    claimed                 -> CANCELLING
-                          claim_lost | given_up   -> DONE
-                          lease_lost              -> CLAIMING_LOST
-                          cancel                  (stays)
-    CLAIMING_LOST         claimed                 -> ABANDONING
-                          claim_lost | given_up   -> DONE
-                          cancel | lease_lost     (stays)
-    ADMITTING             slot_acquired           -> RUNNING
-                          slot_parked | given_up  -> DONE
-                          cancel                  -> ADMITTING_CANCELLED
-                          lease_lost              -> ADMITTING_LOST
-    ADMITTING_CANCELLED   slot_acquired           -> CANCELLING
-                          slot_parked | given_up  -> DONE
-                          lease_lost              -> ADMITTING_LOST
-                          cancel                  (stays)
-    ADMITTING_LOST        slot_acquired           -> ABANDONING
-                          slot_parked | given_up  -> DONE
-                          cancel | lease_lost     (stays)
-    RUNNING               ended                   -> FINISHING
-                          timeout                 -> TIMING_OUT
-                          cancel                  -> CANCELLING
-                          lease_lost              -> ABANDONING
-    CANCELLING            ended                   -> FINISHING
-                          lease_lost              -> ABANDONING
-                          cancel                  (stays)
-    TIMING_OUT            ended                   -> FINISHING
-                          lease_lost              -> ABANDONING
-                          cancel                  (stays)
-    ABANDONING            ended                   -> DONE
-                          cancel | lease_lost     (stays)
-    FINISHING             recorded | given_up     -> DONE
-                          cancel | lease_lost     (stays)
+    ARRIVED               claim                             -> CLAIMING
+                          reject                            -> FINISHING
+    CLAIMING              claimed                           -> RUNNING
+                          claimed_limited                   -> ADMITTING
+                          claim_lost | given_up             -> DONE
+                          cancel                            -> CLAIMING_CANCELLED
+                          lease_lost                        -> CLAIMING_LOST
+    CLAIMING_CANCELLED    claimed                           -> CANCELLING
+                          claim_lost | given_up             -> DONE
+                          lease_lost                        -> CLAIMING_LOST
+                          cancel                            (stays)
+    CLAIMING_LOST         claimed                           -> ABANDONING
+                          claim_lost | given_up             -> DONE
+                          cancel | lease_lost               (stays)
+    ADMITTING             slot_acquired | admitted          -> RUNNING
+                          slot_parked | blocked | given_up  -> DONE
+                          cancel                            -> ADMITTING_CANCELLED
+                          lease_lost                        -> ADMITTING_LOST
+    ADMITTING_CANCELLED   slot_acquired | admitted          -> CANCELLING
+                          slot_parked | blocked | given_up  -> DONE
+                          lease_lost                        -> ADMITTING_LOST
+                          cancel                            (stays)
+    ADMITTING_LOST        slot_acquired | admitted          -> ABANDONING
+                          slot_parked | blocked | given_up  -> DONE
+                          cancel | lease_lost               (stays)
+    RUNNING               ended                             -> FINISHING
+                          timeout                           -> TIMING_OUT
+                          cancel                            -> CANCELLING
+                          lease_lost                        -> ABANDONING
+    CANCELLING            ended                             -> FINISHING
+                          lease_lost                        -> ABANDONING
+                          cancel                            (stays)
+    TIMING_OUT            ended                             -> FINISHING
+                          lease_lost                        -> ABANDONING
+                          cancel                            (stays)
+    ABANDONING            ended                             -> DONE
+                          cancel | lease_lost               (stays)
+    FINISHING             recorded | given_up               -> DONE
+                          cancel | lease_lost               (stays)
     DONE                  (final)
 """
 
@@ -89,15 +93,18 @@ class Phase(enum.Enum):
     CLAIMING_CANCELLED = "claiming_cancelled"
     #: ``Claim`` sent, and the lease was lost since: it will not start
     CLAIMING_LOST = "claiming_lost"
-    #: claimed; ``AcquireSlot`` sent, waiting for a concurrency slot
+    #: claimed; ``Admit`` (its admission controls) or ``AcquireSlot`` (its
+    #: concurrency slot) sent, waiting for the store's verdict
     ADMITTING = "admitting"
-    #: ``AcquireSlot`` sent, and the key was cancelled since: it will not start
+    #: ``Admit`` or ``AcquireSlot`` sent, and the key was cancelled since: it will not start
     ADMITTING_CANCELLED = "admitting_cancelled"
-    #: ``AcquireSlot`` sent, and the lease was lost since: it will not start
+    #: ``Admit`` or ``AcquireSlot`` sent, and the lease was lost since: it will not start
     ADMITTING_LOST = "admitting_lost"
     #: the task function runs
     RUNNING = "running"
-    #: its key was cancelled (``CancelTask`` sent, or it never started); it ends cancelled
+    #: its key was cancelled (``CancelTask`` sent, or it never started): it
+    #: ends as it ran (cancelled, unless it returned or raised anyway), and
+    #: nothing follows it (no retry, no next perpetual run)
     CANCELLING = "cancelling"
     #: it ran past its deadline (``CancelTask`` sent); it ends failed, unless it returns first
     TIMING_OUT = "timing_out"
@@ -117,6 +124,10 @@ class Step(enum.Enum):
     CLAIM_LOST = "claim_lost"
     SLOT_ACQUIRED = "slot_acquired"
     SLOT_PARKED = "slot_parked"
+    #: its admission controls let it start (``Admitted``)
+    ADMITTED = "admitted"
+    #: an admission control dropped or rescheduled it (the store settled it)
+    BLOCKED = "blocked"
     TIMEOUT = "timeout"
     CANCEL = "cancel"
     LEASE_LOST = "lease_lost"
@@ -150,16 +161,22 @@ TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (P.CLAIMING_LOST, S.GIVEN_UP): P.DONE,
     (P.ADMITTING, S.SLOT_ACQUIRED): P.RUNNING,
     (P.ADMITTING, S.SLOT_PARKED): P.DONE,
+    (P.ADMITTING, S.ADMITTED): P.RUNNING,
+    (P.ADMITTING, S.BLOCKED): P.DONE,
     (P.ADMITTING, S.CANCEL): P.ADMITTING_CANCELLED,
     (P.ADMITTING, S.LEASE_LOST): P.ADMITTING_LOST,
     (P.ADMITTING, S.GIVEN_UP): P.DONE,
     (P.ADMITTING_CANCELLED, S.SLOT_ACQUIRED): P.CANCELLING,
     (P.ADMITTING_CANCELLED, S.SLOT_PARKED): P.DONE,
+    (P.ADMITTING_CANCELLED, S.ADMITTED): P.CANCELLING,
+    (P.ADMITTING_CANCELLED, S.BLOCKED): P.DONE,
     (P.ADMITTING_CANCELLED, S.CANCEL): P.ADMITTING_CANCELLED,
     (P.ADMITTING_CANCELLED, S.LEASE_LOST): P.ADMITTING_LOST,
     (P.ADMITTING_CANCELLED, S.GIVEN_UP): P.DONE,
     (P.ADMITTING_LOST, S.SLOT_ACQUIRED): P.ABANDONING,
     (P.ADMITTING_LOST, S.SLOT_PARKED): P.DONE,
+    (P.ADMITTING_LOST, S.ADMITTED): P.ABANDONING,
+    (P.ADMITTING_LOST, S.BLOCKED): P.DONE,
     (P.ADMITTING_LOST, S.CANCEL): P.ADMITTING_LOST,
     (P.ADMITTING_LOST, S.LEASE_LOST): P.ADMITTING_LOST,
     (P.ADMITTING_LOST, S.GIVEN_UP): P.DONE,

@@ -17,8 +17,10 @@ store keeps outcomes (``remember``).  The machine sends one batch at a time.
   carries the same requests, stamped with the time of the new attempt: the
   store answers what already ran with its first outcome.
 - A streak longer than ``resend_window`` gives the batch up (the machine
-  leaves its deliveries to the store); the store remembers outcomes for longer
-  than that, so a resend never meets a store that forgot it.  Once the worker
+  leaves its deliveries to the store), when a failure or the resend finds it
+  so (``lapsed``: a worker that stalled, or whose clock jumped, sends nothing
+  of it); the store remembers outcomes for longer than that, so a resend
+  never meets a store that forgot it (and acts again).  Once the worker
   is stopping (``stop``), a streak longer than one ``retry_delay`` does: a
   stopping worker tries once more, then leaves the rest to redelivery.
 - ``refusals_allowed`` errors in a row make the failure ``fatal``.
@@ -129,6 +131,19 @@ class Outbox:
             return effects, []
         out = [e for e in effects if not isinstance(e, StoreEffect)]
         return out, [e for e in effects if isinstance(e, StoreEffect)]
+
+    def lapsed(self, now: float) -> tuple[StoreEffect, ...]:
+        """The failed batch, given up, when its resend comes a resend window
+        or more into the streak (the worker stalled): the store may have
+        forgotten it by then.  ``resend`` then sends only what was held back."""
+        since = self._failing_since
+        if self.resend_at is None or now < self.resend_at or since is None:
+            return ()
+        if now - since < self._resend_window:
+            return ()
+        given_up, self._failed = tuple(self._failed), []
+        self._failing_since = now
+        return given_up
 
     def resend(self, now: float, held: list[Effect]) -> list[Effect] | None:
         """At the resend time, the failed batch and then ``held``, each store

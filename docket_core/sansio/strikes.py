@@ -4,15 +4,25 @@ A strike list is a replayable log of instructions.  Every process of a docket
 applies the same instructions in the same order, so all of them agree on what
 is struck.  Matching is a pure function of the list, the function name and the
 call's arguments by parameter name.
+
+A condition whose value cannot be compared with the argument's (``"a" > 1``,
+a ``between`` whose value is not a pair) does not match; ``compare`` logs a
+warning on ``docket.execution``, pydocket's logger for it, with pydocket's
+wording.  The warning is the core's one side effect: it needs no clock and no
+I/O of its own, and it keeps every caller of ``is_struck`` (the producer, a
+batch, the worker) from having to report it.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+
+logger = logging.getLogger("docket.execution")
 
 
 class Operator(enum.Enum):
@@ -32,8 +42,14 @@ _COMPARE: dict[Operator, Callable[[Any, Any], bool]] = {
     Operator.GREATER_THAN_OR_EQUAL: lambda a, b: bool(a >= b),
     Operator.LESS_THAN: lambda a, b: bool(a < b),
     Operator.LESS_THAN_OR_EQUAL: lambda a, b: bool(a <= b),
-    Operator.BETWEEN: lambda a, b: bool(b[0] <= a <= b[1]),
+    Operator.BETWEEN: lambda a, b: _between(a, *b),
 }
+
+
+def _between(actual: Any, lower: Any, upper: Any) -> bool:
+    """The closed range ``[lower, upper]`` (a value of any other length than
+    two does not unpack: a ``TypeError``, so no match)."""
+    return bool(lower <= actual <= upper)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -52,10 +68,18 @@ class StrikeInstruction:
 
 
 def compare(operator: Operator, actual: Any, expected: Any) -> bool:
-    """Whether ``actual <operator> expected`` holds; incomparable values never match."""
+    """Whether ``actual <operator> expected`` holds.  Values that cannot be
+    compared never match, and say so in a warning."""
     try:
         return _COMPARE[operator](actual, expected)
     except Exception:
+        logger.warning(
+            "Incompatible type for strike condition: %r %s %r",
+            expected,
+            operator.value,
+            actual,
+            exc_info=True,
+        )
         return False
 
 

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import TYPE_CHECKING
 
 import attrs
+
+from .cron import CronPolicy
+
+if TYPE_CHECKING:  # (``admission`` imports this module at run time: no edge back)
+    from .admission import Control
 
 #: a task's progress total until it sets one (``Progress``, the stores'
 #: progress records; the Lua scripts repeat it as a literal)
@@ -138,10 +144,12 @@ class RetryPolicy:
 
 @attrs.frozen(slots=True, kw_only=True)
 class PerpetualPolicy:
-    """``Perpetual(every, automatic)`` reduced to numbers."""
+    """``Perpetual(every, automatic)`` reduced to numbers; a ``Cron`` is a
+    perpetual task whose next run is the next instant of ``cron``."""
 
     every: float
     automatic: bool = False
+    cron: CronPolicy | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -174,6 +182,8 @@ class TaskPolicy:
     perpetual: PerpetualPolicy | None = None
     timeout: float | None = None
     concurrency: ConcurrencyPolicy | None = None
+    #: admission controls (``Debounce``, ``Cooldown``, ``RateLimit``), in gate order
+    admission: tuple[Control, ...] = ()
 
 
 NO_POLICY = TaskPolicy()
@@ -196,6 +206,10 @@ class ExecutionRecord:
     error: str | None = None
     #: the pickled return value or exception, when one was kept
     result: bytes | None = None
+    #: set on a running record whose key was cancelled while it ran: the ttl
+    #: the cancel gave, kept for the record once it concludes (its run's own
+    #: end, or ``cancelled`` when the run never ends on its worker)
+    cancel_ttl: float | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)

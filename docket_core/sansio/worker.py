@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from . import lifecycle
+from .admission import Admit, Admitted, Blocked, Verdict, blocked_counts
 from .decisions import plan_bury, plan_end, plan_reject
 from .effects import (
     AcquireSlot,
@@ -48,6 +49,7 @@ from .errors import InternalError
 from .flight import Count, InFlight, WorkerConfig
 from .inputs import (
     Arrival,
+    BlockedAction,
     Buried,
     CancelRequested,
     Claimed,
@@ -76,11 +78,13 @@ from .values import HeldSlot
 
 # the members every run meets, bound once: on Python 3.11 looking a member
 # up on its enum class costs several times a global's lookup
-_RUNNING, _TIMING_OUT = Phase.RUNNING, Phase.TIMING_OUT
+_RUNNING, _TIMING_OUT, _CANCELLING = Phase.RUNNING, Phase.TIMING_OUT, Phase.CANCELLING
 _DELIVERED, _REDELIVERED, _STARTED = Count.DELIVERED, Count.REDELIVERED, Count.STARTED
 #: the counter of each way a run ends, and of each claim that lost
 _ENDED = {outcome: Count(outcome.value) for outcome in TaskOutcome}
 _LOST = {v: Count(v.value) for v in ClaimVerdict if v is not ClaimVerdict.CLAIMED}
+#: the counter of each way a run an ``AdmissionBlocked`` stopped goes on
+_BLOCKED_END = {BlockedAction.RESCHEDULE: Count.RESCHEDULED, BlockedAction.DROP: Count.CANCELLED}
 
 
 class WorkerMachine:
@@ -95,6 +99,9 @@ class WorkerMachine:
         #: the ``now`` of the last renewal the store confirmed (or of a moment
         #: this worker held nothing): no lease of it is older
         self._leases_confirmed_at = now
+        #: when ``_fence`` may next stop a run (a timer of its own: the
+        #: renewal and heartbeat ticks may come an interval too late)
+        self._fence_at = now + config.fence_after
         self._next_heartbeat = now
         # the runtime seeds automatic perpetual tasks as it starts; re-seed later
         self._next_seed = now + config.reseed_interval if config.reseed_interval else None
@@ -163,7 +170,7 @@ class WorkerMachine:
         if self._next_seed is not None and self.accepting:
             deadline = min(deadline, self._next_seed)
         if self.in_flight:
-            deadline = min(deadline, self._next_renewal)
+            deadline = min(deadline, self._next_renewal, self._fence_at)
         if self._timeouts:
             for flight in self.in_flight.values():
                 if flight.deadline is not None and flight.phase is Phase.RUNNING:
@@ -264,6 +271,9 @@ class WorkerMachine:
             elif kind is SlotAcquired:
                 assert isinstance(outcome, SlotAcquired)
                 self._slot(outcome, now)
+            elif kind is Admitted:
+                assert isinstance(outcome, Admitted)
+                self._admitted(outcome, now)
             elif kind is LeasesRenewed:
                 assert isinstance(outcome, LeasesRenewed) and isinstance(effect, RenewLeases)
                 self._renewed(effect)
@@ -332,6 +342,8 @@ class WorkerMachine:
 
     def _delivered(self, event: Delivered) -> None:
         claims: list[ClaimItem] = []
+        # (the new leases count from now: fenced no sooner than this)
+        self._fence_at = min(self._fence_at, event.now + self.config.fence_after)
         for arrival in event.arrivals:
             delivery = arrival.delivery
             if delivery.delivery_id in self.in_flight:
@@ -390,23 +402,62 @@ class WorkerMachine:
                 flight.phase = lifecycle.advance(flight.phase, Step.CLAIM_LOST)
                 del self.in_flight[delivery_id]
                 continue
-            limit = flight.policy.concurrency
-            if limit is None or flight.phase is not Phase.CLAIMING:
+            policy = flight.policy
+            if not (policy.concurrency or policy.admission) or flight.phase is not Phase.CLAIMING:
                 self._start(flight, Step.CLAIMED, now)  # (a stopped one never starts)
                 continue
             flight.phase = lifecycle.advance(flight.phase, Step.CLAIMED_LIMITED)
-            self._effects.append(
-                AcquireSlot(
-                    limit_key=limit.limit_key,
-                    holder=self.holder(delivery_id),
-                    max_concurrent=limit.max_concurrent,
-                    now=now,
-                    stale_after=self.config.redelivery_timeout,
-                    delivery_id=delivery_id,
-                    message=flight.message,
-                    scope=limit.scope,
-                    request=self.outbox.request(),
+            if policy.admission:
+                # admission first: a start it admits counts, even if a full limit parks it
+                self._effects.append(
+                    Admit(
+                        delivery_id=delivery_id,
+                        message=flight.message,
+                        controls=policy.admission,
+                        now=now,
+                        stale_after=self.config.redelivery_timeout,
+                        ttl=self.config.execution_ttl,
+                        request=self.outbox.request(),
+                    )
                 )
+            else:
+                self._effects.append(self._acquire(flight, now))
+
+    def _acquire(self, flight: InFlight, now: float) -> AcquireSlot:
+        """Ask for the concurrency slot of a claimed (and admitted) delivery."""
+        limit = flight.policy.concurrency
+        assert limit is not None
+        return AcquireSlot(
+            limit_key=limit.limit_key,
+            holder=self.holder(flight.delivery_id),
+            max_concurrent=limit.max_concurrent,
+            now=now,
+            stale_after=self.config.redelivery_timeout,
+            delivery_id=flight.delivery_id,
+            message=flight.message,
+            scope=limit.scope,
+            request=self.outbox.request(),
+        )
+
+    def _admitted(self, outcome: Admitted, now: float) -> None:
+        flight = self.in_flight.get(outcome.delivery_id)
+        if flight is None:
+            return
+        if outcome.verdict is Verdict.LOST:  # another worker holds it now: no start here
+            self._lease_lost(outcome.delivery_id)
+            self._start(flight, Step.ADMITTED, now)
+        elif outcome.verdict is Verdict.ADMIT:
+            if flight.policy.concurrency is not None and flight.phase is Phase.ADMITTING:
+                self._effects.append(self._acquire(flight, now))  # (still ADMITTING)
+            else:
+                self._start(flight, Step.ADMITTED, now)
+        else:  # dropped or rescheduled: the store settled and acknowledged it
+            for name in blocked_counts(outcome):
+                self.counters[Count(name)] += 1
+            flight.phase = lifecycle.advance(flight.phase, Step.BLOCKED)
+            del self.in_flight[outcome.delivery_id]
+            self._effects.append(
+                Blocked(delivery_id=outcome.delivery_id, key=flight.message.key, outcome=outcome)
             )
 
     def _slot(self, outcome: SlotAcquired, now: float) -> None:
@@ -462,6 +513,7 @@ class WorkerMachine:
         outcome, error = event.outcome, event.error
         if flight.phase is _TIMING_OUT:
             outcome, error = timed_out_end(event, flight.policy)
+        cancelled = flight.phase is _CANCELLING
         flight.phase = lifecycle.advance(flight.phase, Step.ENDED)
         effect = plan_end(
             delivery_id=flight.delivery_id,
@@ -473,8 +525,13 @@ class WorkerMachine:
             started_at=flight.started_at,
             execution_ttl=self.config.execution_ttl,
             request=self.outbox.request(),
+            cancelled=cancelled,
         )
-        if isinstance(effect, Schedule):
+        follow_up = event.follow_up
+        if follow_up is not None and follow_up.blocked is not None and not cancelled:
+            # (an ``AdmissionBlocked``; one its gate handled ends failed)
+            self.counters[_BLOCKED_END.get(follow_up.blocked, Count.FAILED)] += 1
+        elif isinstance(effect, Schedule):
             retrying = effect.message.attempt > flight.message.attempt
             self.counters[Count.RETRIED if retrying else Count.PERPETUATED] += 1
         else:
@@ -547,7 +604,7 @@ class WorkerMachine:
         for effect in effects:
             if isinstance(effect, Claim):
                 ids: tuple[str | None, ...] = tuple(item.delivery_id for item in effect.items)
-            elif isinstance(effect, Finish | AcquireSlot):
+            elif isinstance(effect, Finish | AcquireSlot | Admit):
                 ids = (effect.delivery_id,)
             elif isinstance(effect, Schedule):
                 ids = (effect.acknowledge,)
@@ -570,16 +627,27 @@ class WorkerMachine:
     def _fence(self, now: float) -> None:
         """Stop every run whose lease this worker could not renew in time
         (the store did not answer): another worker may own it by now."""
-        stale_before = now - self.config.fence_after
-        if self._leases_confirmed_at > stale_before:
+        # (deadlines computed as the timer's, so that the timer's tick fences)
+        fence_after = self.config.fence_after
+        self._fence_at = self._leases_confirmed_at + fence_after
+        if self._fence_at > now:
             return
+        self._fence_at = float("inf")
         for flight in list(self.in_flight.values()):
-            if flight.renewed_at <= stale_before and flight.phase in lifecycle.HOLDING:
+            if flight.phase not in lifecycle.HOLDING:
+                continue
+            due = flight.renewed_at + fence_after
+            if due <= now:
                 self.counters[Count.FENCED] += 1
                 flight.slot = None
                 self._lease_lost(flight.delivery_id)
+            else:
+                self._fence_at = min(self._fence_at, due)
 
     def _tick(self, now: float) -> None:
+        lapsed = self.outbox.lapsed(now)
+        if lapsed:
+            self._give_up(lapsed, now)  # stalled past the window: never resent
         resent = self.outbox.resend(now, self._effects)
         if resent is not None:
             self._effects = resent

@@ -1,79 +1,93 @@
-"""The ``docket`` command: argument parsing, ``version``, and the memory:// guard."""
+"""The ``docket`` command without a server: its commands, options,
+environment variables and defaults as pydocket declares them, usage errors
+(exit 2), an unreachable store (exit 1), ``memory://`` with its note, and
+``python -m docket_core`` being ``docket``."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
+from servers import free_port
 
-from docket_core.cli import MEMORY_ONLY_IN_PROCESS, build_parser, main, parse_duration, parse_value
+from docket_core.cli import MEMORY_NOTE, MEMORY_WORKER_NOTE, app, main
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("0", timedelta(0)),
-        ("123", timedelta(seconds=123)),
-        ("123s", timedelta(seconds=123)),
-        ("1.5s", timedelta(seconds=1.5)),
-        ("123ms", timedelta(milliseconds=123)),
-        ("100ms", timedelta(milliseconds=100)),
-        ("5m", timedelta(minutes=5)),
-        ("2h", timedelta(hours=2)),
-        (" 30S ", timedelta(seconds=30)),
-        ("01:30", timedelta(minutes=1, seconds=30)),
-        ("90:00", timedelta(minutes=90)),
-        ("1:02:03", timedelta(hours=1, minutes=2, seconds=3)),
-        ("00:00:00.5", timedelta(milliseconds=500)),
-    ],
-)
-def test_parse_duration(text: str, expected: timedelta) -> None:
-    assert parse_duration(text) == expected
+TESTS = Path(__file__).parent
+DOCKET_SCRIPT = Path(sys.executable).with_name("docket")
 
 
-@pytest.mark.parametrize(
-    "text", ["", "abc", "5x", "-5", "5 minutes", "1:2:3:4", "1:60", "1:60:00", "ms", "m5"]
-)
-def test_parse_duration_rejects(text: str) -> None:
-    with pytest.raises(ValueError, match="invalid duration"):
-        parse_duration(text)
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m docket_core ARGS`` in a subprocess that can import ``cli_tasks``."""
+    environment = dict(
+        os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    )
+    environment.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "docket_core", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+        check=False,
+    )
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("int:5", 5),
-        ("int:-5", -5),
-        ("float:1.5", 1.5),
-        ("bool:true", True),
-        ("bool:True", True),
-        ("bool:1", True),
-        ("bool:false", False),
-        ("bool:no", False),
-        ("str:x", "x"),
-        ("str:int:5", "int:5"),
-        ("str:", ""),
-        ("hello", "hello"),
-        ("5", "5"),
-        ("customer:42", "customer:42"),
-        ("redis://host:6379", "redis://host:6379"),
-    ],
-)
-def test_parse_value(text: str, expected: object) -> None:
-    value = parse_value(text)
-    assert value == expected
-    assert type(value) is type(expected)
+def parsed(*argv: str) -> dict[str, Any]:
+    """The parameters a command gets from ``argv`` and the environment (its
+    options parsed as typer declares them, nothing run)."""
+    command: Any = typer.main.get_command(app)
+    path = list(argv)
+    while path and hasattr(command, "commands") and path[0] in command.commands:
+        command = command.commands[path.pop(0)]
+    return dict(command.make_context(command.name, path).params)
 
 
-@pytest.mark.parametrize("text", ["int:five", "float:x", "bool:maybe", "int:"])
-def test_parse_value_rejects(text: str) -> None:
-    with pytest.raises(ValueError, match="invalid"):
-        parse_value(text)
+# -- commands, help, version ---------------------------------------------------------------------
+
+COMMANDS = ["worker", "strike", "restore", "clear", "snapshot", "watch", "version", "dashboard"]
+GROUPS = {
+    "workers": ["ls", "for-task"],
+    "tasks": ["trace", "fail", "sleep"],
+    "dead-letters": ["ls", "replay", "drop"],
+}
+
+
+def test_every_command_is_there() -> None:
+    group: Any = typer.main.get_command(app)
+    assert set(group.commands) == {*COMMANDS, *GROUPS}
+    for name, subcommands in GROUPS.items():
+        assert sorted(group.commands[name].commands) == sorted(subcommands)
+
+
+def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in [*COMMANDS, *GROUPS]:
+        assert command in out
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_a_group_without_its_command_shows_its_help(
+    group: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([group]) == 2
+    captured = capsys.readouterr()
+    shown = captured.out + captured.err
+    assert f"Usage: docket {group}" in shown
+    for subcommand in GROUPS[group]:
+        assert subcommand in shown
+
+
+def test_no_command_shows_the_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert "Usage: docket" in captured.out + captured.err
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -85,197 +99,297 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.strip()
 
 
+def test_python_dash_m_is_the_docket_command() -> None:
+    assert DOCKET_SCRIPT.exists(), "the docket script is installed with the package"
+    for argv in (["version"], ["--help"], ["workers", "--help"]):
+        module = run_cli(*argv)
+        script = subprocess.run(
+            [str(DOCKET_SCRIPT), *argv], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert module.returncode == script.returncode == 0, module.stderr + script.stderr
+        assert module.stdout == script.stdout
+        assert "docket_core" not in module.stdout.replace("docket_core.tasks", "")
+
+
+# -- options, environment variables and defaults ---------------------------------------------
+
+ALL_ENVIRONMENT = [
+    "DOCKET_URL",
+    "DOCKET_REDIS_URL",
+    "DOCKET_NAME",
+    "DOCKET_TASKS",
+    "DOCKET_LOGGING_LEVEL",
+    "DOCKET_LOGGING_FORMAT",
+    "DOCKET_FALLBACK_TASK",
+    "DOCKET_DASHBOARD_HOST",
+    "DOCKET_DASHBOARD_PORT",
+]
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name in ALL_ENVIRONMENT or name.startswith("DOCKET_WORKER_"):
+            monkeypatch.delenv(name)
+
+
+def test_worker_defaults_are_pydockets() -> None:
+    params = parsed("worker")
+    assert params["url"] == "redis://localhost:6379/0"
+    assert params["docket_"] == "docket"
+    assert params["tasks"] == ["docket_core.tasks:standard_tasks"]
+    assert params["name"] is None  # the worker names itself HOSTNAME#PID
+    assert params["logging_level"].value == "INFO"
+    assert params["logging_format"].value == "plain"  # not a terminal
+    assert params["concurrency"] == 10
+    assert params["message_batch"] == 1000
+    assert params["redelivery_timeout"] == timedelta(minutes=5)
+    assert params["reconnection_delay"] == timedelta(seconds=5)
+    assert params["minimum_check_interval"] == timedelta(milliseconds=100)
+    assert params["scheduling_resolution"] == timedelta(milliseconds=250)
+    assert params["schedule_automatic_tasks"] is True
+    assert params["enable_internal_instrumentation"] is False
+    assert params["until_finished"] is False
+    assert params["healthcheck_port"] is None
+    assert params["metrics_port"] is None
+    assert params["fallback_task"] is None
+    assert params["dependencies"] is None
+
+
+@pytest.mark.parametrize(
+    ("variable", "text", "parameter", "expected"),
+    [
+        ("DOCKET_URL", "redis://example:6379/1", "url", "redis://example:6379/1"),
+        ("DOCKET_NAME", "orders", "docket_", "orders"),
+        ("DOCKET_TASKS", "a.b:c d:e", "tasks", ["a.b:c", "d:e"]),
+        ("DOCKET_WORKER_NAME", "w1", "name", "w1"),
+        ("DOCKET_LOGGING_LEVEL", "DEBUG", "logging_level", "DEBUG"),
+        ("DOCKET_LOGGING_FORMAT", "json", "logging_format", "json"),
+        ("DOCKET_WORKER_CONCURRENCY", "3", "concurrency", 3),
+        ("DOCKET_WORKER_MESSAGE_BATCH", "50", "message_batch", 50),
+        ("DOCKET_WORKER_REDELIVERY_TIMEOUT", "01:00", "redelivery_timeout", timedelta(minutes=1)),
+        ("DOCKET_WORKER_RECONNECTION_DELAY", "2s", "reconnection_delay", timedelta(seconds=2)),
+        ("DOCKET_WORKER_MINIMUM_CHECK_INTERVAL", "10ms", "minimum_check_interval",
+         timedelta(milliseconds=10)),
+        ("DOCKET_WORKER_SCHEDULING_RESOLUTION", "1", "scheduling_resolution", timedelta(seconds=1)),
+        ("DOCKET_WORKER_SCHEDULE_AUTOMATIC_TASKS", "false", "schedule_automatic_tasks", False),
+        ("DOCKET_WORKER_ENABLE_INTERNAL_INSTRUMENTATION", "true",
+         "enable_internal_instrumentation", True),
+        ("DOCKET_WORKER_HEALTHCHECK_PORT", "8081", "healthcheck_port", 8081),
+        ("DOCKET_WORKER_METRICS_PORT", "9001", "metrics_port", 9001),
+        ("DOCKET_FALLBACK_TASK", "m:f", "fallback_task", "m:f"),
+        ("DOCKET_WORKER_FALLBACK_TASK", "m:g", "fallback_task", "m:g"),
+        ("DOCKET_WORKER_DEPENDENCIES", "m:deps", "dependencies", "m:deps"),
+    ],
+)  # fmt: skip
+def test_worker_options_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, variable: str, text: str, parameter: str, expected: object
+) -> None:
+    monkeypatch.setenv(variable, text)
+    value = parsed("worker")[parameter]
+    assert getattr(value, "value", value) == expected
+
+
+def test_worker_options_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKET_URL", "redis://example:6379/1")
+    monkeypatch.setenv("DOCKET_WORKER_REDELIVERY_TIMEOUT", "01:00")
+    params = parsed(
+        "worker",
+        *("--url", "redis://other/2", "--tasks", "a.b:c", "--tasks", "d:e"),
+        *("--concurrency", "3", "--redelivery-timeout", "2m", "--scheduling-resolution", "1s"),
+        *("--no-schedule-automatic-tasks", "--until-finished", "--logging-level", "DEBUG"),
+        *("--logging-format", "json", "--name", "w"),
+    )
+    assert params["url"] == "redis://other/2"
+    assert params["tasks"] == ["a.b:c", "d:e"]
+    assert params["concurrency"] == 3
+    assert params["redelivery_timeout"] == timedelta(minutes=2)
+    assert params["scheduling_resolution"] == timedelta(seconds=1)
+    assert params["schedule_automatic_tasks"] is False
+    assert params["until_finished"] is True
+    assert params["logging_level"].value == "DEBUG"
+    assert params["logging_format"].value == "json"
+    assert params["name"] == "w"
+
+
 @pytest.mark.parametrize(
     "argv",
     [
-        ["snapshot"],
+        ["strike", "t"],
+        ["restore", "t"],
         ["clear"],
+        ["snapshot"],
         ["workers", "ls"],
-        ["strike", "example_task"],
-        ["restore", "*", "customer_id", "==", "int:5"],
+        ["workers", "for-task", "t"],
+        ["tasks", "trace"],
+        ["tasks", "fail"],
+        ["tasks", "sleep"],
+        ["dead-letters", "ls"],
+        ["dead-letters", "drop", "--all"],
+        ["dashboard"],
     ],
 )
-@pytest.mark.parametrize("url", ["memory://x", "MEMORY://"])
-def test_memory_dockets_are_refused(
-    argv: list[str], url: str, capsys: pytest.CaptureFixture[str]
+def test_every_command_takes_docket_url_and_docket_name(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert main([*argv, "--url", url]) == 2
-    captured = capsys.readouterr()
-    assert MEMORY_ONLY_IN_PROCESS in captured.err
-    assert captured.out == ""
+    params = parsed(*argv)
+    assert params["url"] == "redis://localhost:6379/0"
+    assert params["docket_"] == "docket"
+    monkeypatch.setenv("DOCKET_URL", "redis://elsewhere:6379/3")
+    monkeypatch.setenv("DOCKET_NAME", "orders")
+    params = parsed(*argv)
+    assert params["url"] == "redis://elsewhere:6379/3"
+    assert params["docket_"] == "orders"
 
 
-def test_memory_is_the_default_url(
+def test_watch_takes_pydockets_short_options_and_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    params = parsed("watch", "k")
+    assert (params["url"], params["docket_name"]) == ("redis://localhost:6379/0", "docket")
+    assert parsed("watch", "k", "-u", "redis://a/1", "-d", "n")["url"] == "redis://a/1"
+    monkeypatch.setenv("DOCKET_URL", "redis://b/2")
+    assert parsed("watch", "k")["url"] == "redis://b/2"
+    monkeypatch.setenv("DOCKET_REDIS_URL", "redis://c/3")  # pydocket's variable for watch
+    assert parsed("watch", "k")["url"] == "redis://c/3"
+
+
+def test_the_builtin_tasks_defaults() -> None:
+    assert parsed("tasks", "trace")["message"] == "Howdy!"
+    assert parsed("tasks", "fail")["message"] == "Howdy!"
+    assert parsed("tasks", "sleep")["seconds"] == 1
+    assert parsed("tasks", "trace", "--delay", "5m")["delay"] == timedelta(minutes=5)
+
+
+def test_snapshot_options() -> None:
+    params = parsed("snapshot")
+    assert params["tasks"] == ["docket_core.tasks:standard_tasks"]
+    assert params["stats"] is False
+    assert params["limit"] == 1000
+
+
+def test_the_dashboard_command(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("DOCKET_URL", raising=False)
-    assert main(["snapshot"]) == 2
-    assert "memory:// dockets live inside one process" in capsys.readouterr().err
-
-
-def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([]) == 2
-    assert "usage: docket" in capsys.readouterr().err
-
-
-def test_help_exits_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--help"]) == 0
+    params = parsed("dashboard")
+    assert (params["host"], params["port"]) == ("127.0.0.1", 8080)
+    monkeypatch.setenv("DOCKET_DASHBOARD_PORT", "9090")
+    assert parsed("dashboard")["port"] == 9090
+    assert main(["dashboard", "--help"]) == 0
     out = capsys.readouterr().out
-    for command in ("version", "worker", "strike", "restore", "clear", "snapshot", "workers"):
-        assert command in out
+    for option in ("--url", "--docket", "--host", "--port", "8080"):
+        assert option in out
 
 
-def test_worker_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (
-        "DOCKET_URL",
-        "DOCKET_NAME",
-        "DOCKET_TASKS",
-        "DOCKET_WORKER_NAME",
-        "DOCKET_WORKER_CONCURRENCY",
-        "DOCKET_WORKER_REDELIVERY_TIMEOUT",
-        "DOCKET_WORKER_SCHEDULE_AUTOMATIC_TASKS",
-        "DOCKET_LOGGING_LEVEL",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    args = build_parser().parse_args(["worker"])
-    assert args.url == "memory://"
-    assert args.docket == "docket"
-    assert args.tasks is None
-    assert args.name is None
-    assert args.concurrency == 10
-    assert args.redelivery_timeout == timedelta(minutes=5)
-    assert args.reconnection_delay == timedelta(seconds=5)
-    assert args.minimum_check_interval == timedelta(milliseconds=100)
-    assert args.scheduling_resolution == timedelta(milliseconds=250)
-    assert args.schedule_automatic_tasks is True
-    assert args.until_finished is False
-    assert args.logging_level == "INFO"
-
-
-def test_worker_options_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DOCKET_URL", "redis://example:6379/1")
-    monkeypatch.setenv("DOCKET_NAME", "orders")
-    monkeypatch.setenv("DOCKET_WORKER_REDELIVERY_TIMEOUT", "01:00")
-    args = build_parser().parse_args(
-        [
-            "worker",
-            "--tasks",
-            "a.b:c",
-            "--tasks",
-            "d:e",
-            "--concurrency",
-            "3",
-            "--scheduling-resolution",
-            "1s",
-            "--no-schedule-automatic-tasks",
-            "--until-finished",
-            "--logging-level",
-            "debug",
-        ]
-    )
-    assert args.url == "redis://example:6379/1"
-    assert args.docket == "orders"
-    assert args.tasks == ["a.b:c", "d:e"]
-    assert args.concurrency == 3
-    assert args.redelivery_timeout == timedelta(minutes=1)
-    assert args.scheduling_resolution == timedelta(seconds=1)
-    assert args.schedule_automatic_tasks is False
-    assert args.until_finished is True
-    assert args.logging_level == "DEBUG"
-
-
-def test_tasks_from_environment_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
-    from docket_core.cli import _split_tasks
-
-    monkeypatch.setenv("DOCKET_TASKS", "a:b, c.d:e,,")
-    assert _split_tasks(None) == ["a:b", "c.d:e"]
-    assert _split_tasks(["x:y,z:w"]) == ["x:y", "z:w"]
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["worker", "--concurrency", "0"],
-        ["worker", "--redelivery-timeout", "soon"],
-        ["strike", "task", "param", "~=", "1"],
-    ],
-)
-def test_bad_options_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(argv) == 2
-    assert "usage: docket" in capsys.readouterr().err
-
-
-def test_python_dash_m() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "docket_core", "snapshot", "--url", "memory://"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )
-    assert result.returncode == 2
-    assert MEMORY_ONLY_IN_PROCESS in result.stderr
-
-
-def _strike(argv: list[str]) -> tuple[object, ...]:
-    from docket_core.cli.commands import _strike_arguments
-
-    return _strike_arguments(build_parser().parse_args(["strike", *argv]))
-
-
-@pytest.mark.parametrize(
-    ("argv", "expected"),
-    [
-        (["greet"], ("greet", None, "==", None)),
-        (["greet", "*"], ("greet", None, "==", None)),
-        (["*", "customer_id", "==", "int:5"], (None, "customer_id", "==", 5)),
-        (["", "customer_id", ">=", "float:1.5"], (None, "customer_id", ">=", 1.5)),
-        (["greet", "name", "!=", "bob"], ("greet", "name", "!=", "bob")),
-        (["greet", "n", "between", "int:1,int:10"], ("greet", "n", "between", (1, 10))),
-    ],
-)
-def test_strike_arguments(argv: list[str], expected: tuple[object, ...]) -> None:
-    assert _strike(argv) == expected
+# -- usage errors, failures -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ([], "name a task, a parameter, or both"),
-        (["*", "*"], "name a task, a parameter, or both"),
-        (["greet", "name"], "needs a value"),
-        (["greet", "n", "==", "int:x"], "invalid int value"),
-        (["greet", "n", "between", "int:1"], "'between' needs two values"),
+        (["worker", "--concurrency", "0"], "--concurrency"),
+        (["worker", "--redelivery-timeout", "soon"], "invalid duration 'soon'"),
+        (["worker", "--logging-format", "xml"], "--logging-format"),
+        (["worker", "--tasks", "no_such_module_here:tasks"], "No module named"),
+        (["worker", "--tasks", "cli_tasks:nothing"], "module:attribute"),
+        (["strike"], "Must provide either a function and/or a parameter"),
+        (["strike", "*", "*"], "Must provide either a function and/or a parameter"),
+        (["strike", "task", "param", "~=", "1"], "'~='"),
+        (["strike", "task", "n", "between", "int:1"], "'between' needs two values"),
+        (["restore", "task", "n", "==", "int:x"], "invalid int value"),
+        (["dead-letters", "replay"], "name dead letter ids, or --all"),
+        (["dead-letters", "drop", "1-0", "--all"], "not both"),
+        (["snapshot", "--limit", "0"], "--limit"),
+        (["nope"], "No such command"),
     ],
 )
-def test_strike_arguments_rejects(argv: list[str], message: str) -> None:
-    from docket_core.sansio.errors import UsageError
-
-    with pytest.raises(UsageError, match=message):
-        _strike(argv)
-
-
-def test_relative_times() -> None:
-    from datetime import UTC, datetime
-
-    from docket_core.cli.commands import _relative
-
-    now = datetime(2030, 1, 1, tzinfo=UTC)
-    assert _relative(now, now) == "now"
-    assert _relative(now + timedelta(milliseconds=250), now) == "in 250ms"
-    assert _relative(now - timedelta(seconds=2.5), now) == "2.5s ago"
-    assert _relative(now + timedelta(minutes=1, seconds=30), now) == "in 1m30s"
-    assert _relative(now - timedelta(hours=1, seconds=5), now) == "1h00m05s ago"
+def test_usage_errors_exit_2(
+    argv: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(TESTS))
+    assert main([*argv, "--url", "memory://usage"] if argv[0] != "nope" else argv) == 2
+    err = capsys.readouterr().err
+    assert message in " ".join(err.replace("│", " ").split())
 
 
-def test_table_aligns_columns() -> None:
-    from docket_core.cli.commands import _table
+def test_an_unreachable_store_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["snapshot", "--url", f"redis://127.0.0.1:{free_port()}/0"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith("Error: cannot reach Redis")
+    assert captured.out == ""
 
-    assert _table(["A", "LONGER"], [["xyz", "1"]]).splitlines() == [
-        "A    LONGER",
-        "---  ------",
-        "xyz  1",
-    ]
+
+def test_an_option_the_worker_cannot_honour_is_refused() -> None:
+    from docket_core.cli.worker_command import _optional
+
+    options: dict[str, Any] = {}
+    _optional(options, {"message_batch"}, "message_batch", 5, 1000)
+    _optional(options, set(), "enable_internal_instrumentation", False, False)
+    assert options == {"message_batch": 5}
+    with pytest.raises(typer.Exit) as stop:
+        _optional(options, set(), "dependencies", "m:deps", None)
+    assert stop.value.exit_code == 2
+
+
+# -- memory:// ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "output"),
+    [
+        (["snapshot"], "0 workers, 0/0 running"),
+        (["clear"], "Cleared 0 tasks from docket 'docket'"),
+        (["workers", "ls"], "Workers in Docket: docket"),
+        (["workers", "for-task", "t"], "Workers in Docket: docket"),
+        (["strike", "example_task"], "Striking example_task"),
+        (["restore", "*", "customer_id", "==", "int:5"], "Restoring (all tasks) customer_id == 5"),
+        (["tasks", "trace", "hi"], "Added trace task '"),
+        (["dead-letters", "ls"], "0 dead letter(s)"),
+        (["watch", "nope"], "Task with key 'nope' not found or function not registered"),
+    ],
+)
+@pytest.mark.parametrize("url", ["memory://cli-x", "memory://"])
+def test_memory_dockets_are_accepted_with_a_note(
+    argv: list[str], output: str, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*argv, "--url", url]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip() == MEMORY_NOTE
+    assert output in captured.out
+
+
+def test_a_worker_on_memory_runs_only_this_process_tasks() -> None:
+    result = run_cli(
+        "worker", "--url", "memory://", "--until-finished", "--tasks", "cli_tasks:tasks"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == MEMORY_WORKER_NOTE
+    assert "Starting worker" in result.stdout  # plain logs, on standard output
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
+def test_a_worker_runs_on_the_loop_asked_for_with_a_drain_timeout(loop: str) -> None:
+    result = run_cli(
+        "worker",
+        "--url",
+        "memory://",
+        "--until-finished",
+        "--loop",
+        loop,
+        "--drain-timeout",
+        "5s",
+        "--tasks",
+        "cli_tasks:tasks",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Starting worker" in result.stdout
+
+
+def test_an_unknown_loop_is_a_usage_error() -> None:
+    result = run_cli("worker", "--url", "memory://", "--until-finished", "--loop", "nope")
+    assert result.returncode == 2
+    assert "unknown event loop 'nope'" in result.stderr
 
 
 @pytest.mark.anyio

@@ -1,10 +1,14 @@
-"""``docket worker`` and the inspection commands, against real servers: a
-worker subprocess drains, lists itself, answers its healthcheck and serves its
-metrics to Prometheus."""
+"""``docket worker`` and the inspection commands as subprocesses against real
+servers, their output and exit statuses compared with pydocket's: a worker
+drains, logs as JSON, lists itself, answers its healthcheck and serves its
+metrics to Prometheus; strikes with every operator reach the producers;
+``snapshot`` shows true totals; ``watch`` follows a run to its result."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,14 +32,22 @@ pytestmark = [
 TESTS = Path(__file__).parent
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+def cli_environment(**extra: str) -> dict[str, str]:
+    """The environment of a ``docket`` subprocess: it can import ``cli_tasks``,
+    prints 200 columns, and none of the ``DOCKET_*`` variables of this one."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKET_")}
+    env["PYTHONPATH"] = f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    env["COLUMNS"] = "200"
+    return {**env, **extra}
+
+
+def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "docket_core", *args],
         capture_output=True,
         text=True,
         timeout=60,
-        env=env,
+        env=cli_environment(**env),
         check=False,
     )
 
@@ -68,6 +80,29 @@ async def test_the_worker_command_drains_a_docket(docket: Docket, docket_url: st
     assert sorted(r % 1000 for r in results) == list(range(20))
 
 
+async def test_the_worker_takes_the_environment_and_logs_json(
+    docket: Docket, docket_url: str
+) -> None:
+    from cli_tasks import record_pid
+
+    docket.register(record_pid)
+    execution = await docket.add(record_pid)(3)
+    result = run_cli(
+        *("worker", "--until-finished", "--logging-format", "json"),
+        DOCKET_URL=docket_url,
+        DOCKET_NAME=docket.name,
+        DOCKET_TASKS="cli_tasks:tasks",
+        DOCKET_WORKER_MINIMUM_CHECK_INTERVAL="10ms",
+    )
+    assert result.returncode == 0, result.stderr
+    assert (await execution.get_result()) % 1000 == 3
+    entries = [json.loads(line) for line in result.stdout.splitlines()]  # one object a line
+    assert entries and all({"name", "asctime", "levelname", "message"} <= set(e) for e in entries)
+    assert any(e["message"].startswith("Starting worker") for e in entries)
+    # the records of the run carry its fields as extras
+    assert any(execution.key in e.values() and e["name"] == "docket.worker" for e in entries)
+
+
 async def test_snapshot_strike_and_clear_commands(docket: Docket, docket_url: str) -> None:
     from cli_tasks import record_pid
 
@@ -76,9 +111,12 @@ async def test_snapshot_strike_and_clear_commands(docket: Docket, docket_url: st
     result = run_cli("snapshot", *common)
     assert result.returncode == 0, result.stderr
     assert "first" in result.stdout and "record_pid" in result.stdout
+    assert f"Docket: '{docket.name}'" in result.stdout
+    assert "0 workers, 0/1 running" in result.stdout
 
     result = run_cli("strike", "record_pid", "n", ">=", "int:10", *common)
     assert result.returncode == 0, result.stderr
+    assert result.stdout == "Striking record_pid n >= 10\n"
     # a strike made by another process reaches this one within its refresh interval
     with anyio.fail_after(5):
         while (await docket.add(record_pid)(10)).disposition is not Disposition.STRUCK:
@@ -86,6 +124,7 @@ async def test_snapshot_strike_and_clear_commands(docket: Docket, docket_url: st
     assert (await docket.add(record_pid)(9)).disposition is Disposition.SCHEDULED
     result = run_cli("restore", "record_pid", "n", ">=", "int:10", *common)
     assert result.returncode == 0, result.stderr
+    assert result.stdout == "Restoring record_pid n >= 10\n"
     with anyio.fail_after(5):
         while (await docket.add(record_pid)(11)).disposition is Disposition.STRUCK:
             await anyio.sleep(0.1)
@@ -94,8 +133,64 @@ async def test_snapshot_strike_and_clear_commands(docket: Docket, docket_url: st
     assert pending >= 3
     result = run_cli("clear", *common)
     assert result.returncode == 0, result.stderr
-    assert str(pending) in result.stdout
+    assert result.stdout == f"Cleared {pending} tasks from docket '{docket.name}'\n"
     assert (await docket.snapshot()).future == []
+
+
+STRIKES = [
+    # operator, value, which of n = 1, 5, 9 are struck
+    ("==", "int:5", {5}),
+    ("!=", "int:5", {1, 9}),
+    (">", "int:5", {9}),
+    (">=", "int:5", {5, 9}),
+    ("<", "int:5", {1}),
+    ("<=", "int:5", {1, 5}),
+    ("between", "int:2,int:9", {5, 9}),
+]
+
+
+@pytest.mark.parametrize(("operator", "value", "struck"), STRIKES)
+async def test_the_strike_command_takes_every_operator(
+    docket: Docket, docket_url: str, operator: str, value: str, struck: set[int]
+) -> None:
+    from cli_tasks import record_pid
+
+    result = run_cli(
+        "strike", "*", "n", operator, value, "--url", docket_url, "--docket", docket.name
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"Striking (all tasks) n {operator} ")
+    probe = min(struck)
+    with anyio.fail_after(5):  # the strike reaches this process within its refresh
+        while (await docket.add(record_pid)(probe)).disposition is not Disposition.STRUCK:
+            await anyio.sleep(0.1)
+    dispositions = {n: (await docket.add(record_pid)(n)).disposition for n in (1, 5, 9)}
+    assert {n for n, d in dispositions.items() if d is Disposition.STRUCK} == struck
+
+
+async def test_snapshot_counts_beyond_its_page(docket: Docket, docket_url: str) -> None:
+    from cli_tasks import record_pid
+
+    for n in range(5):
+        await docket.add(record_pid, key=f"due-{n}")(n)
+    later = datetime.now(UTC) + timedelta(hours=2)
+    await docket.add(record_pid, key="later", when=later)(9)
+    result = run_cli(
+        *("snapshot", "--limit", "2", "--stats", "--tasks", "cli_tasks:tasks"),
+        *("--url", docket_url, "--docket", docket.name),
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "0 workers, 0/6 running" in out
+    assert "6 scheduled or queued, 0 running" in out
+    page = await docket.snapshot(limit=2)
+    shown = len(page.future) + len(page.running)
+    assert shown < 6
+    assert f"showing {shown} of 6 tasks (--limit 2)" in out
+    keys = [key for key in ("due-0", "due-1", "due-2", "due-3", "due-4", "later") if key in out]
+    assert len(keys) == shown
+    assert "Task Count Statistics by Function" in out
+    assert f"(of the {shown} tasks listed)" in out
 
 
 async def test_the_worker_command_takes_a_fallback_task(docket: Docket, docket_url: str) -> None:
@@ -124,42 +219,77 @@ async def test_the_worker_command_takes_a_fallback_task(docket: Docket, docket_u
 # -- watch, the built-in tasks, workers for-task, the healthcheck ---------------------------
 
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
 async def test_watch_follows_a_task_to_its_end(docket: Docket, docket_url: str) -> None:
-    async def reporting(progress: Progress = Progress()) -> None:
+    async def reporting(progress: Progress = Progress()) -> int:
         await progress.set_total(2)
         for step in ("halfway", "done"):
-            await anyio.sleep(0.2)
+            await anyio.sleep(0.3)
             await progress.increment()
             await progress.set_message(step)
+        return 42
 
     docket.register(reporting)
-    when = datetime.now(UTC) + timedelta(seconds=3)  # the watcher's process starts first
+    when = datetime.now(UTC) + timedelta(seconds=3)  # the watchers' processes start first
     await docket.add(reporting, key="watched", when=when)()
     common = ["--url", docket_url, "--docket", docket.name]
-    watched: list[subprocess.CompletedProcess[str]] = []
+    watched: dict[str, subprocess.CompletedProcess[str]] = {}
 
-    async def watch() -> None:
-        watched.append(await anyio.to_thread.run_sync(run_cli, "watch", "watched", *common))
+    async def watch(how: str, **env: str) -> None:
+        watched[how] = await anyio.to_thread.run_sync(
+            lambda: run_cli("watch", "watched", *common, **env)
+        )
 
     with anyio.fail_after(30):
         async with anyio.create_task_group() as group:
-            group.start_soon(watch)
+            group.start_soon(watch, "piped")
+            group.start_soon(lambda: watch("terminal", TTY_COMPATIBLE="1"))
             worker = Worker(docket, minimum_check_interval=timedelta(milliseconds=10))
             await worker.run_until_finished()
-    (result,) = watched
-    assert result.returncode == 0, result.stderr
-    lines = [line.split(" ", 2)[2] for line in result.stdout.splitlines()]
-    assert lines[0] == "state scheduled"
-    assert lines[-1] == "state completed"
-    assert any(line.startswith("state running on ") for line in lines)
-    assert "progress 2/2 done" in lines
-    assert lines.index("progress 1/2 halfway") < lines.index("progress 2/2 done")
+
+    # printed to a pipe: only the final view
+    piped = watched["piped"]
+    assert piped.returncode == 0, piped.stderr
+    lines = piped.stdout.splitlines()
+    assert lines[:3] == ["Task: watched", f"Docket: {docket.name}", "State: COMPLETED"]
+    assert lines[3].startswith("Worker: ")
+    assert "✓ Task completed successfully" in lines and "Result: 42" in lines
+    (bar,) = [line for line in lines if "2/2" in line]
+    assert bar.startswith("done") and "100%" in bar
+
+    # on a terminal: redrawn at every change, the bar moving from 1/2 to 2/2
+    terminal = watched["terminal"]
+    assert terminal.returncode == 0, terminal.stderr
+    frames = ANSI.sub("", terminal.stdout).splitlines()
+    assert any(line.startswith("State: RUNNING") for line in frames)
+    halfway = next(i for i, line in enumerate(frames) if "halfway" in line and "1/2" in line)
+    done = next(i for i, line in enumerate(frames) if "done" in line and "2/2" in line)
+    assert halfway < done
+    assert frames.index("State: COMPLETED") > halfway
+    assert "Result: 42" in frames
 
 
-async def test_watch_of_an_unknown_key_is_a_clear_error(docket: Docket, docket_url: str) -> None:
+async def test_watch_of_a_failed_task_shows_its_error(docket: Docket, docket_url: str) -> None:
+    common = ["--url", docket_url, "--docket", docket.name]
+    added = run_cli("tasks", "fail", "it broke", *common)
+    assert added.returncode == 0, added.stderr
+    key = added.stdout.split("'")[1]
+    with anyio.fail_after(10):
+        await Worker(docket, minimum_check_interval=timedelta(milliseconds=10)).run_until_finished()
+    result = run_cli("watch", key, *common)
+    assert result.returncode == 0, result.stderr  # as pydocket: watching went fine
+    lines = result.stdout.splitlines()
+    assert "State: FAILED" in lines and "✗ Task failed" in lines
+    (error,) = [line for line in lines if line.startswith("Error: ")]
+    assert "it broke" in error
+
+
+async def test_watch_of_an_unknown_key_says_so(docket: Docket, docket_url: str) -> None:
     result = run_cli("watch", "nope", "--url", docket_url, "--docket", docket.name)
-    assert result.returncode == 2
-    assert "has no execution 'nope'" in result.stderr
+    assert result.returncode == 0  # as pydocket
+    assert result.stdout == "Error: Task with key 'nope' not found or function not registered\n"
 
 
 async def test_the_tasks_command_adds_the_builtin_tasks(docket: Docket, docket_url: str) -> None:
@@ -167,6 +297,7 @@ async def test_the_tasks_command_adds_the_builtin_tasks(docket: Docket, docket_u
     result = run_cli("tasks", "trace", "hello there", "--delay", "1h", *common)
     assert result.returncode == 0, result.stderr
     key = trace_key = result.stdout.strip().split("'")[1]
+    assert result.stdout == f"Added trace task {key!r} to the docket {docket.name!r}\n"
     execution = await docket.get_execution(key)
     assert execution is not None and execution.function_name == "trace"
     assert execution.state is ExecutionState.SCHEDULED
@@ -202,7 +333,9 @@ async def test_workers_for_task_lists_the_workers_that_run_it(
         unknown = await anyio.to_thread.run_sync(run_cli, "workers", "for-task", "nothing", *common)
         group.cancel_scope.cancel()
     assert known.returncode == 0, known.stderr
-    assert "lister" in known.stdout
+    assert f"Workers in Docket: {docket.name}" in known.stdout
+    (row,) = [line for line in known.stdout.splitlines() if "lister" in line]
+    assert "ago" in row and "record_pid" in known.stdout
     assert unknown.returncode == 0, unknown.stderr
     assert "lister" not in unknown.stdout
 
@@ -211,7 +344,7 @@ async def test_the_worker_answers_its_healthcheck(docket: Docket, docket_url: st
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = cli_environment()
     command = [
         *(sys.executable, "-m", "docket_core", "worker", "--healthcheck-port", str(port)),
         *("--url", docket_url, "--docket", docket.name, "--tasks", "cli_tasks:tasks"),
@@ -251,7 +384,7 @@ async def test_the_worker_command_serves_metrics_to_prometheus(
     docket.register(record_pid)
     executions = [await docket.add(record_pid)(n) for n in range(5)]
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = cli_environment()
     command = [
         *(sys.executable, "-m", "docket_core", "worker"),
         *("--url", docket_url, "--docket", docket.name, "--tasks", "cli_tasks:tasks"),

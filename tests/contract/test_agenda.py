@@ -79,7 +79,7 @@ async def test_agenda_scatter_rejects_unknown_names_first(docket: Docket) -> Non
     agenda = Agenda()
     agenda.add(job)()
     agenda.add("no_such_task")()
-    with pytest.raises(KeyError, match="no_such_task"):
+    with pytest.raises(KeyError, match="Task 'no_such_task' is not registered"):
         await agenda.scatter(docket, over=timedelta(seconds=10))
     assert (await docket.snapshot()).future == []
 
@@ -90,9 +90,42 @@ async def test_agenda_scatter_rejects_an_empty_window(docket: Docket) -> None:
 
     agenda = Agenda()
     agenda.add(job)()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^'over' parameter must be a positive duration$"):
         await agenda.scatter(docket, over=timedelta(0))
     assert (await docket.snapshot()).future == []
+
+
+async def test_agenda_items_keep_their_arguments_and_key(docket: Docket, now: Now) -> None:
+    """Iterating gives pydocket's ``(function, args, kwargs, key)``, and
+    scatter schedules each call with exactly those."""
+
+    async def job(n: int, *, label: str = "") -> None:
+        pass
+
+    agenda = Agenda()
+    agenda.add(job, key="first")(1, label="one")
+    agenda.add("trace")("hello")
+    agenda.add(job)(2)
+    assert list(agenda) == [
+        (job, (1,), {"label": "one"}, "first"),
+        ("trace", ("hello",), {}, None),
+        (job, (2,), {}, None),
+    ]
+
+    executions = await agenda.scatter(docket, over=timedelta(seconds=30), start=now())
+    assert [(e.function_name, e.args, e.kwargs) for e in executions] == [
+        ("job", (1,), {"label": "one"}),
+        ("trace", ("hello",), {}),
+        ("job", (2,), {}),
+    ]
+    assert executions[0].key == "first"
+    assert executions[2].key not in {"first", executions[1].key}
+    stored = {e.key: e for e in (await docket.snapshot()).future}
+    assert stored["first"].kwargs == {"label": "one"} and stored["first"].args == (1,)
+    assert stored[executions[1].key].args == ("hello",)
+
+    agenda.clear()
+    assert len(agenda) == 0 and list(agenda) == []
 
 
 async def test_agenda_scatter_then_run(docket: Docket, worker: Worker, now: Now) -> None:

@@ -367,7 +367,7 @@ async def test_a_missing_argument_fails_the_execution_and_the_worker_goes_on(
     assert execution is not None
     assert execution.state is ExecutionState.FAILED
     assert execution.error is not None and "customer" in execution.error
-    assert "no such argument" in execution.error
+    assert "not found in task arguments" in execution.error
     assert await state_of(docket, "fine") is ExecutionState.COMPLETED
     await assert_no_slot_left(docket, "loose", 1, customer=1)
 

@@ -1,18 +1,21 @@
 """Looking at one execution, on every contract backend: ``get_execution``
 (scheduled, running with its worker and progress, finished), ``subscribe``'s
-state and progress events, and progress a superseded run cannot write.
+state and progress events, and progress a superseded run cannot write; an
+``Execution`` built as pydocket builds one, ``sync``, ``is_superseded``, and
+``execution.progress`` as pydocket's ``ExecutionProgress``.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
 import pytest
 from helpers import Now, finish, key, running
 
-from docket_core import Docket, ExecutionState, Progress, Worker
+from docket_core import Disposition, Docket, Execution, ExecutionState, Progress, Worker
+from docket_core.execution import ExecutionProgress
 
 pytestmark = pytest.mark.anyio
 
@@ -93,6 +96,82 @@ async def test_a_superseded_run_cannot_write_its_successors_progress(
     assert fresh.current == 7
     progress = await adapter.get_progress("k")
     assert progress is not None and progress.current == 7
+
+
+# -- pydocket's Execution: constructor, sync, progress ------------------------------
+
+
+async def test_an_execution_built_as_pydocket_builds_one(docket: Docket, worker: Worker) -> None:
+    async def job(x: int, *, label: str = "") -> str:
+        return f"{label}{x}"
+
+    docket.register(job)
+    when = datetime.now(UTC) + timedelta(hours=1)
+    # pydocket's positional order: docket, function, args, kwargs, key, when, attempt
+    execution = Execution(docket, job, (1,), {"label": "n"}, "built", when, 1)
+    assert (execution.docket, execution.function, execution.function_name) == (docket, job, "job")
+    assert (execution.args, execution.kwargs, execution.key) == ((1,), {"label": "n"}, "built")
+    assert (execution.when, execution.attempt) == (when, 1)
+    assert execution.disposition is Disposition.LOADED
+    by_name = Execution(
+        docket=docket, function=job, args=(), kwargs={}, key="k", when=when, attempt=3
+    )
+    assert by_name.attempt == 3 and by_name.function_name == "job"
+
+    await execution.sync()  # nothing stored yet: stays as built
+    assert execution.state is ExecutionState.SCHEDULED
+    await docket.schedule(execution)
+    assert execution.disposition is Disposition.SCHEDULED
+    assert not await execution.is_superseded()
+    stored = await docket.get_execution("built")
+    assert stored is not None and stored.kwargs == {"label": "n"} and stored.when == when
+
+    await docket.replace(job, when=datetime.now(UTC), key="built")(2, label="r")
+    assert await execution.is_superseded()
+    await finish(worker)
+    await execution.sync()
+    assert execution.state is ExecutionState.COMPLETED
+    assert execution.worker == worker.name and execution.completed_at is not None
+    assert await execution.get_result() == "r2"
+
+
+async def test_execution_progress_is_pydockets(docket: Docket, worker: Worker) -> None:
+    reported = anyio.Event()
+    release = anyio.Event()
+
+    async def slow(progress: Progress = Progress()) -> None:
+        await progress.set_total(8)
+        await progress.increment(3)
+        await progress.set_message("three")
+        reported.set()
+        await release.wait()
+
+    execution = await docket.add(slow)()
+    assert isinstance(execution.progress, ExecutionProgress)
+    assert execution.progress.current is None and execution.progress.updated_at is None
+    async with running(worker):
+        await reported.wait()
+        progress = execution.progress
+        await progress.sync()
+        assert (progress.current, progress.total, progress.message) == (3, 8, "three")
+        assert isinstance(progress.updated_at, datetime)
+        assert progress.updated_at.tzinfo is not None
+        assert abs((datetime.now(UTC) - progress.updated_at).total_seconds()) < 30
+
+        # reported from outside the task, as pydocket's ExecutionProgress can
+        outside = await ExecutionProgress.create(docket, execution.key)
+        assert (outside.current, outside.total) == (3, 8)
+        await outside.increment(2)
+        await outside.set_message(None)
+        assert (outside.current, outside.message) == (5, None)
+        with pytest.raises(ValueError, match=r"^Total must be at least 1$"):
+            await outside.set_total(0)
+        with pytest.raises(ValueError, match=r"^Amount must be at least 1$"):
+            await outside.increment(0)
+        await execution.sync()  # Execution.sync reloads the progress too
+        assert (execution.progress.current, execution.progress.message) == (5, None)
+        release.set()
+        await execution.get_result(timeout=timedelta(seconds=2))
 
 
 # -- subscribe ------------------------------------------------------------------------

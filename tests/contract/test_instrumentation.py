@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -177,6 +178,24 @@ def metric_points(docket: Docket) -> dict[str, Any]:
                         value = point.count  # type: ignore[union-attr]
                     values[metric.name] = values.get(metric.name, 0) + value
     return values
+
+
+@pytest.mark.backends("memory-asyncio", "redis-asyncio")
+async def test_metrics_count_what_the_admission_controls_did(docket: Docket) -> None:
+    from docket_core import Cooldown
+
+    async def alert(n: int, cooldown: Cooldown = Cooldown(timedelta(minutes=1))) -> None:
+        pass
+
+    for n in range(3):
+        await docket.add(alert)(n)
+    worker = make_worker(docket)
+    with anyio.fail_after(10):
+        await worker.run_until_finished()
+    points = metric_points(docket)
+    assert points["docket_tasks_started"] == 1
+    assert points["docket_tasks_cooled_down"] == 2
+    assert points["docket_tasks_debounced"] == points["docket_tasks_rate_limited"] == 0
 
 
 @pytest.mark.backends("memory-asyncio", "redis-asyncio")

@@ -54,13 +54,27 @@ async def test_get_result_times_out(docket: Docket, now: Now) -> None:
     async def job() -> None:
         pass
 
-    execution = await docket.add(job, when=now() + timedelta(seconds=30))()
+    execution = await docket.add(job, when=now() + timedelta(seconds=30), key="slow")()
     started = time.monotonic()
-    with pytest.raises(TimeoutError):
+    # pydocket's type (the builtin TimeoutError) and wording
+    with pytest.raises(TimeoutError, match=r"^Timeout waiting for execution slow to complete$"):
         await execution.get_result(timeout=timedelta(milliseconds=50))
     assert time.monotonic() - started < 1.0
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError, match=r"^Timeout waiting for execution slow to complete$"):
         await execution.get_result(deadline=now() + timedelta(milliseconds=20))
+    with pytest.raises(TimeoutError, match="execution slow"):
+        await execution.get_result(deadline=now() - timedelta(seconds=1))
+
+
+async def test_get_result_refuses_both_timeout_and_deadline(docket: Docket, now: Now) -> None:
+    async def job() -> None:
+        pass
+
+    execution = await docket.add(job, when=now() + timedelta(seconds=30))()
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"^Cannot specify both timeout and deadline$"):
+        await execution.get_result(timeout=timedelta(seconds=5), deadline=now())
+    assert time.monotonic() - started < 1.0
 
 
 async def test_get_result_of_an_already_finished_execution(docket: Docket, worker: Worker) -> None:
@@ -100,7 +114,23 @@ async def test_get_result_of_a_struck_execution(docket: Docket) -> None:
     execution = await docket.add(job)()
     assert execution.disposition is Disposition.STRUCK
     assert execution.state is ExecutionState.CANCELLED
-    with anyio.fail_after(1), pytest.raises(ExecutionCancelled):
+    with (
+        anyio.fail_after(1),
+        pytest.raises(ExecutionCancelled, match=r"^Execution .* was cancelled$"),
+    ):
+        await execution.get_result()
+
+
+async def test_get_result_of_a_cancelled_execution_says_so(docket: Docket, now: Now) -> None:
+    async def job() -> None:
+        pass
+
+    execution = await docket.add(job, when=now() + timedelta(seconds=30), key="gone")()
+    await docket.cancel("gone")
+    with (
+        anyio.fail_after(2),
+        pytest.raises(ExecutionCancelled, match=r"^Execution gone was cancelled$"),
+    ):
         await execution.get_result()
 
 

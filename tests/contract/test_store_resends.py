@@ -117,9 +117,7 @@ async def test_a_resent_acquisition_whose_slot_was_taken_over_is_lost(docket: Do
 async def test_a_resent_claim_of_a_delivery_taken_over_is_lost(docket: Docket) -> None:
     now = time.time()
     await add(docket, "a")
-    taken = await docket.adapter.read(
-        worker="w1", count=1, now=now, redelivery_timeout=60, block=0
-    )
+    taken = await docket.adapter.read(worker="w1", count=1, now=now, redelivery_timeout=60, block=0)
     (delivery,) = taken.deliveries
     item = ClaimItem(
         delivery_id=delivery.delivery_id, key="a", generation=delivery.message.generation

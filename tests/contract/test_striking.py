@@ -5,12 +5,13 @@ already queued, while the worker runs; and undone.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from typing import Any
 
 import anyio
 import pytest
-from helpers import Now, finish, key, running
+from helpers import Now, finish, key, make_worker, running
 
 from docket_core import Disposition, Docket, ExecutionState, Operator, UsageError, Worker
 
@@ -248,3 +249,75 @@ async def test_restore_lets_a_held_back_execution_run(docket: Docket, worker: Wo
     stored = await docket.get_execution(execution.key)
     assert stored is not None
     assert stored.state is ExecutionState.COMPLETED
+
+
+# -- conditions that cannot be compared -----------------------------------------------
+
+
+INCOMPATIBLE = "Incompatible type for strike condition"
+
+
+async def test_an_incompatible_condition_is_not_a_match_and_says_so_on_both_sides(
+    docket: Docket, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[Any] = []
+
+    async def job(customer: Any) -> None:
+        calls.append(customer)
+
+    caplog.set_level(logging.WARNING, logger="docket.execution")
+    added = await docket.add(job, key=key())("text")  # scheduled before the strike
+    await docket.strike(None, "customer", ">", 5)
+    # add side: checked against the strike list, not struck, and warned about
+    assert (await docket.add(job)("more text")).disposition is Disposition.SCHEDULED
+    assert [r.getMessage() for r in caplog.records if r.name == "docket.execution"] == [
+        f"{INCOMPATIBLE}: 5 > 'more text'"
+    ]
+    # worker side: both run, and the worker warns about each
+    caplog.clear()
+    await finish(make_worker(docket))
+    assert sorted(calls) == ["more text", "text"]
+    warned = [r for r in caplog.records if r.getMessage().startswith(INCOMPATIBLE)]
+    assert {r.getMessage() for r in warned} >= {
+        f"{INCOMPATIBLE}: 5 > 'text'",
+        f"{INCOMPATIBLE}: 5 > 'more text'",
+    }
+    assert all(r.name == "docket.execution" and r.levelno == logging.WARNING for r in warned)
+    done = await docket.get_execution(added.key)
+    assert done is not None and done.state is ExecutionState.COMPLETED
+
+
+@pytest.mark.parametrize("value", [5, None, (1,), (1, 10, 20), "x"])
+async def test_a_malformed_between_matches_nothing_and_breaks_nothing(
+    docket: Docket, value: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[int] = []
+
+    async def job(customer: int) -> None:
+        calls.append(customer)
+
+    before = await docket.add(job)(3)
+    await docket.strike(None, "customer", "between", value)
+    await docket.strike(None, "customer", "==", 4)  # the list still works
+    assert (await docket.add(job)(5)).disposition is Disposition.SCHEDULED
+    assert (await docket.add(job)(4)).disposition is Disposition.STRUCK
+    await finish(make_worker(docket))
+    assert sorted(calls) == [3, 5]
+    done = await docket.get_execution(before.key)
+    assert done is not None and done.state is ExecutionState.COMPLETED
+    assert any(m.startswith(INCOMPATIBLE) for m in caplog.messages)
+
+
+async def test_between_takes_a_list_as_well_as_a_tuple(docket: Docket, worker: Worker) -> None:
+    calls: list[int] = []
+
+    async def job(customer: int) -> None:
+        calls.append(customer)
+
+    await docket.strike(job, "customer", "between", [10, 20])
+    struck = [await docket.add(job)(n) for n in (10, 15, 20)]
+    kept = [await docket.add(job)(n) for n in (9, 21)]
+    assert {e.disposition for e in struck} == {Disposition.STRUCK}
+    assert {e.disposition for e in kept} == {Disposition.SCHEDULED}
+    await finish(worker)
+    assert sorted(calls) == [9, 21]

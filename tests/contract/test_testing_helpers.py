@@ -51,23 +51,40 @@ async def test_testing_helpers(docket: Docket, worker: Worker, now: Now) -> None
     await assert_task_count(docket, send, count=2)
     await assert_task_count(docket, "other", count=1)
 
-    with pytest.raises(AssertionError, match="carol") as caught:
+    # pydocket's wording: the task's name, what was asked, what is scheduled
+    with pytest.raises(AssertionError) as caught:
         await assert_task_scheduled(docket, send, args=("carol",))
     message = str(caught.value)
-    assert "3 scheduled" in message
-    assert "'ann'" in message and "'bob'" in message and "other" in message
+    assert message.startswith("Task send not found with function=send, args=('carol',)")
+    assert "Scheduled tasks:\n" in message
+    assert message.count("\n  - ") == 3
+    assert "send(args=('ann',), kwargs={'subject': 'hi', 'urgent': True}, key='k1')" in message
+    assert "'bob'" in message and "other(args=()" in message
 
-    with pytest.raises(AssertionError, match="not to be scheduled"):
+    with pytest.raises(AssertionError) as caught:
         await assert_task_not_scheduled(docket, send, key="k1")
-    with pytest.raises(AssertionError, match="expected 5 send tasks scheduled, found 2"):
+    message = str(caught.value)
+    assert message.startswith("Task send found but should not be scheduled\nFound: send(")
+    assert "key='k1'" in message
+
+    with pytest.raises(AssertionError) as caught:
         await assert_task_count(docket, send, count=5)
-    with pytest.raises(AssertionError, match="expected no tasks"):
+    assert str(caught.value).startswith("Expected 5 tasks for send, found 2")
+    assert "other(args=()" in str(caught.value)
+    with pytest.raises(AssertionError, match=r"^Expected 4 all tasks, found 3"):
+        await assert_task_count(docket, count=4)
+    with pytest.raises(AssertionError) as caught:
         await assert_no_tasks(docket)
+    assert str(caught.value).startswith("Expected no tasks, found 3 task(s) scheduled:\n  - ")
 
     await docket.clear()
     await assert_no_tasks(docket)
-    with pytest.raises(AssertionError, match="nothing is scheduled"):
+    with pytest.raises(
+        AssertionError, match=r"^Task send not found: no tasks scheduled on docket$"
+    ):
         await assert_task_scheduled(docket, send)
+    with pytest.raises(AssertionError, match=r"^Expected 1 tasks for send, found 0$"):
+        await assert_task_count(docket, send, count=1)
 
 
 async def test_testing_helpers_ignore_running_tasks(docket: Docket, worker: Worker) -> None:

@@ -116,7 +116,13 @@ async def test_cancelling_a_running_task_stops_it_promptly(docket: Docket) -> No
         await execution.get_result(timeout=timedelta(seconds=1))
 
 
-async def test_cancelling_a_sync_task_ends_it_as_cancelled(docket: Docket) -> None:
+async def test_cancelling_a_sync_task_lets_it_finish_and_records_its_end(
+    docket: Docket,
+) -> None:
+    """A thread cannot be interrupted: the run ends when the function returns,
+    and its real end is recorded (as pydocket records a run that outlives its
+    cancellation)."""
+
     def blocking() -> None:
         time.sleep(0.2)
 
@@ -128,7 +134,7 @@ async def test_cancelling_a_sync_task_ends_it_as_cancelled(docket: Docket) -> No
             while (await loaded(docket, "blocking")).state is not ExecutionState.RUNNING:
                 await anyio.sleep(0.005)
             await docket.cancel("blocking")
-    assert (await loaded(docket, execution.key)).state is ExecutionState.CANCELLED
+    assert (await loaded(docket, execution.key)).state is ExecutionState.COMPLETED
 
 
 # -- messages that cannot run ----------------------------------------------------------

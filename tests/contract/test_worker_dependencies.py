@@ -106,8 +106,9 @@ async def test_a_missing_task_argument_fails_the_task(docket: Docket, worker: Wo
         raise AssertionError("never runs")
 
     execution = await docket.add(uses)(1)
-    with pytest.raises(Exception, match="missing"):
+    with pytest.raises(ExceptionGroup, match=r"parameter\(s\): value") as caught:
         await run(worker, execution)
+    assert any("missing" in str(inner) for inner in caught.value.exceptions)
     failed = await docket.get_execution(execution.key)
     assert failed is not None and failed.state is ExecutionState.FAILED
 

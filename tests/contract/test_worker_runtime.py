@@ -4,18 +4,23 @@ timeouts."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
 import anyio
 import pytest
-from helpers import make_worker
+import sniffio
+from helpers import make_worker, running
 
 from docket_core import (
     CurrentDocket,
     CurrentExecution,
+    Depends,
     Docket,
     Execution,
     ExecutionState,
@@ -24,6 +29,7 @@ from docket_core import (
     Retry,
     TaskKey,
     Timeout,
+    Worker,
 )
 
 pytestmark = pytest.mark.anyio
@@ -548,3 +554,94 @@ async def test_retry_after_timeout(docket: Docket) -> None:
         await make_worker(docket).run_until_finished()
     assert attempts == [1, 2]
     assert await execution.get_result(timeout=timedelta(seconds=1)) == "second"
+
+
+async def _wait_too_long() -> None:
+    """A wait of the task's own that times out: ``asyncio.wait_for`` where
+    asyncio runs, ``anyio.fail_after`` on trio; both raise ``TimeoutError``."""
+    if sniffio.current_async_library() == "asyncio":
+        await asyncio.wait_for(asyncio.sleep(1), timeout=0.01)
+    with anyio.fail_after(0.01):
+        await anyio.sleep(1)
+
+
+async def test_a_timeout_error_of_the_tasks_own_fails_it_like_any_error(docket: Docket) -> None:
+    attempts: list[int] = []
+
+    async def waits(
+        retry: Retry = Retry(attempts=2),
+        timeout: Timeout = Timeout(timedelta(seconds=5)),
+    ) -> None:
+        attempts.append(retry.attempt)
+        await _wait_too_long()
+
+    async def plain() -> None:
+        await _wait_too_long()
+
+    guarded = await docket.add(waits)()
+    unguarded = await docket.add(plain)()
+    worker = make_worker(docket)
+    with anyio.fail_after(3):
+        await worker.run_until_finished()
+    assert attempts == [1, 2]  # retried as any other error, not as docket's timeout
+    assert worker.counters["timed_out"] == 0
+    for execution in (guarded, unguarded):
+        loaded = await docket.get_execution(execution.key)
+        assert loaded is not None
+        assert loaded.state is ExecutionState.FAILED
+        assert loaded.error is not None and loaded.error.startswith("TimeoutError")
+        assert "exceeded its timeout" not in loaded.error
+        with pytest.raises(TimeoutError) as raised:
+            await execution.get_result(timeout=timedelta(seconds=1))
+        assert "timed out" not in str(raised.value)  # the task's own, not docket's
+
+
+# -- cancellation ------------------------------------------------------------------------
+
+
+async def swallow_a_cancel(docket: Docket) -> tuple[Worker, Execution, list[bool]]:
+    """Run a task that catches the cancellation docket sends it and returns
+    anyway; returns the worker, the execution and whether it was cancelled."""
+    started = anyio.Event()
+    cancelled: list[bool] = []
+
+    @asynccontextmanager
+    async def resource() -> AsyncIterator[str]:
+        yield "resource"
+        await anyio.sleep(0)  # a cleanup that awaits: the cancel may land here again
+
+    async def stubborn(held: str = Depends(resource)) -> str:
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        except anyio.get_cancelled_exc_class():
+            cancelled.append(True)
+        return "swallowed"
+
+    k = f"stubborn-{time.monotonic_ns()}"
+    worker = make_worker(docket)
+    async with running(worker):
+        execution = await docket.add(stubborn, key=k)()
+        with anyio.fail_after(2):
+            await started.wait()
+        await docket.cancel(k)
+        with anyio.fail_after(2):
+            while worker.counters["succeeded"] + worker.counters["cancelled"] == 0:
+                await anyio.sleep(0.01)
+    return worker, execution, cancelled
+
+
+async def test_a_task_that_swallows_its_cancellation_ends_as_it_returned(docket: Docket) -> None:
+    worker, _, cancelled = await swallow_a_cancel(docket)
+    assert cancelled == [True]
+    assert worker.counters["succeeded"] == 1 and worker.counters["cancelled"] == 0
+
+
+async def test_a_task_that_swallows_its_cancellation_is_recorded_completed(
+    docket: Docket,
+) -> None:
+    """As in pydocket: the cancel is sent, the task returns anyway, and its
+    run is recorded ``completed`` with its result."""
+    _, execution, _ = await swallow_a_cancel(docket)
+    assert await execution.get_result(timeout=timedelta(seconds=2)) == "swallowed"
+    assert await state_of(docket, execution.key) is ExecutionState.COMPLETED

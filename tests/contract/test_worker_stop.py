@@ -1,6 +1,7 @@
 """A stopping worker ends within a bound: its drain timeout for tasks that
-run on, and soon after its last task when the store is gone (what it cannot
-send is given up; the store hands the deliveries out again)."""
+run on, soon after its last task when the store is gone (what it cannot
+send is given up; the store hands the deliveries out again), and at once on
+a second SIGTERM or SIGINT (the runs it abandons are handed out again)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -172,3 +173,77 @@ async def test_sigterm_stops_a_worker_whose_server_is_gone(
     assert process.returncode == 0, output_text[-3000:]
     assert "worker stopped" in output_text
     print(f"\n{backend} {drain}: stopped {took:.2f}s after SIGTERM")
+
+
+@pytest.mark.backends("redis-asyncio", "glide_valkey-asyncio")
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (signal.SIGTERM, signal.SIGTERM),
+        (signal.SIGTERM, signal.SIGINT),
+        (signal.SIGINT, signal.SIGTERM),
+    ],
+    ids=["term-term", "term-int", "int-term"],
+)
+async def test_a_second_signal_stops_at_once_and_the_run_is_redelivered(
+    make_docket: Callable[..., Awaitable[Docket]],
+    docket_url: str,
+    tmp_path: Path,
+    first: signal.Signals,
+    second: signal.Signals,
+) -> None:
+    name = f"again-{uuid.uuid4().hex}"
+    docket = await make_docket(name)
+    docket.register(work)
+    execution = await docket.add(work, key="work")(3600.0)
+    script, log, out = tmp_path / "worker.py", tmp_path / "runs.log", tmp_path / "worker.out"
+    script.write_text(WORKER_SCRIPT)
+    with out.open("wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, str(script), docket_url, name, str(log), "none"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    try:
+        with anyio.fail_after(20):
+            while not (log.exists() and "started" in log.read_text()):
+                assert process.poll() is None, out.read_text()[-3000:]
+                await anyio.sleep(0.02)
+            process.send_signal(first)
+            while ": draining" not in out.read_text():
+                await anyio.sleep(0.02)
+        await anyio.sleep(0.3)
+        assert process.poll() is None, "the first signal drains: the task runs on"
+        process.send_signal(second)
+        sent = time.monotonic()
+        with anyio.fail_after(5, shield=True):
+            while process.poll() is None:
+                await anyio.sleep(0.02)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output_text = out.read_text()
+    assert process.returncode == 0, output_text[-3000:]
+    assert "again: stopping" in output_text and "stops without draining" in output_text
+    assert "worker stopped" in output_text
+    assert log.read_text() == "started\n"  # it never ended there, and nothing recorded it
+    stored = await docket.get_execution("work")
+    assert stored is not None and stored.state is ExecutionState.RUNNING
+    print(f"\n{first.name}, {second.name}: stopped {took:.2f}s after the second signal")
+
+    # the store hands the abandoned run out again, and it runs to its end here
+    runs: list[float] = []
+
+    async def finishing(seconds: float) -> None:
+        runs.append(seconds)
+
+    runner = await make_docket(name)
+    runner.register(finishing, names=["work"])
+    await finish(make_worker(runner, redelivery_timeout=timedelta(seconds=1)), limit=15)
+    assert runs == [3600.0]
+    await execution.get_result()
+    stored = await docket.get_execution("work")
+    assert stored is not None and stored.state is ExecutionState.COMPLETED

@@ -10,6 +10,7 @@ import attrs
 import pytest
 
 from docket_core.sansio.decisions import (
+    LONGEST_RETRY_DELAY,
     PendingCall,
     failure_ttl,
     may_retry,
@@ -170,7 +171,7 @@ def test_an_exponential_policy_without_a_maximum_is_uncapped() -> None:
 
 def test_a_very_late_attempt_does_not_overflow() -> None:
     policy = RetryPolicy(attempts=None, delay=1.0, exponential=True)
-    assert retry_delay(policy, 10_000) == 2.0**64
+    assert retry_delay(policy, 10_000) == LONGEST_RETRY_DELAY
 
 
 @pytest.mark.parametrize(("attempts", "attempt", "expected"), [(3, 2, True), (3, 3, False)])
@@ -198,6 +199,7 @@ def end(policy: TaskPolicy, outcome: TaskOutcome, **changes: Any) -> Any:
         error=changes.pop("error", None),
         started_at=changes.pop("started_at", 90.0),
         execution_ttl=changes.pop("execution_ttl", 60.0),
+        cancelled=changes.pop("cancelled", False),
     )
 
 
@@ -233,10 +235,61 @@ def test_a_perpetual_task_runs_again_start_to_start() -> None:
     assert (effect.message.when, effect.message.attempt) == (120.0, 1)
 
 
+def test_each_end_of_a_perpetual_run_is_published_with_the_next_run() -> None:
+    """pydocket publishes every perpetual run's end (``failed`` with its
+    error, or ``completed``); a retry in between publishes none."""
+    policy = TaskPolicy(perpetual=PerpetualPolicy(every=30.0))
+    done = end(policy, TaskOutcome.SUCCEEDED)
+    failed = end(policy, TaskOutcome.FAILED, error="ValueError: no")
+    assert isinstance(done, Schedule) and isinstance(failed, Schedule)
+    assert (done.ended, done.ended_error) == (ExecutionState.COMPLETED, None)
+    assert (failed.ended, failed.ended_error) == (ExecutionState.FAILED, "ValueError: no")
+    assert failed.message.when == 120.0  # the next run still comes
+    retried = end(
+        TaskPolicy(retry=RetryPolicy(attempts=5, delay=1.0), perpetual=PerpetualPolicy(every=30.0)),
+        TaskOutcome.FAILED,
+        error="ValueError: no",
+    )
+    assert isinstance(retried, Schedule) and retried.ended is None
+    exhausted = end(
+        TaskPolicy(retry=RetryPolicy(attempts=2, delay=1.0), perpetual=PerpetualPolicy(every=30.0)),
+        TaskOutcome.FAILED,
+        error="ValueError: no",
+    )
+    assert isinstance(exhausted, Schedule)
+    assert (exhausted.ended, exhausted.message.attempt) == (ExecutionState.FAILED, 1)
+
+
 def test_a_cancelled_perpetual_task_is_recorded_cancelled() -> None:
     policy = TaskPolicy(perpetual=PerpetualPolicy(every=30.0))
     effect = end(policy, TaskOutcome.CANCELLED)
     assert isinstance(effect, Finish) and effect.state is ExecutionState.CANCELLED
+
+
+@pytest.mark.parametrize(
+    ("outcome", "state"),
+    [
+        (TaskOutcome.SUCCEEDED, ExecutionState.COMPLETED),
+        (TaskOutcome.FAILED, ExecutionState.FAILED),
+        (TaskOutcome.CANCELLED, ExecutionState.CANCELLED),
+    ],
+)
+def test_a_run_cancelled_while_it_ran_records_its_end_and_nothing_follows(
+    outcome: TaskOutcome, state: ExecutionState
+) -> None:
+    """Its key was cancelled: no retry, no next perpetual run (not even one
+    the task asked for), only the end it really had."""
+    policy = TaskPolicy(
+        retry=RetryPolicy(attempts=None, delay=1.0), perpetual=PerpetualPolicy(every=30.0)
+    )
+    asked = ended(follow_up=FollowUp(retry_at=500.0, perpetual_at=600.0))
+    error = "ValueError: late" if outcome is TaskOutcome.FAILED else None
+    effect = end(policy, outcome, task_ended=asked, error=error, cancelled=True)
+    assert isinstance(effect, Finish)
+    assert (effect.state, effect.error, effect.generation) == (state, error, 4)
+    assert isinstance(end(policy, outcome, task_ended=asked, error=error), Schedule) is (
+        outcome is not TaskOutcome.CANCELLED
+    )
 
 
 def test_a_rejected_delivery_fails_with_its_problem_or_is_cancelled() -> None:

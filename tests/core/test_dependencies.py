@@ -90,6 +90,15 @@ async def run(function: Any, context: TaskContext) -> Any:
         return await function(*call.args, **call.kwargs)
 
 
+async def run_unwrapped(function: Any, context: TaskContext) -> Any:
+    """``run``, raising the first error a failed resolution holds when it
+    comes wrapped in an exception group."""
+    try:
+        return await run(function, context)
+    except BaseExceptionGroup as group:
+        raise group.exceptions[0] from None
+
+
 # -- ambient objects -----------------------------------------------------------
 
 
@@ -274,9 +283,10 @@ async def test_factory_error_propagates_and_cleans_up() -> None:
         seen.append("ran")
 
     context, _ = make_context()
-    with pytest.raises(RuntimeError, match="factory failed"):
+    with pytest.raises(ExceptionGroup, match=r"parameter\(s\): b") as caught:
         async with resolve(task, context):
             pass
+    assert [str(e) for e in caught.value.exceptions] == ["factory failed"]
     assert seen == ["closed"]
     assert deps.current_docket.get(None) is None
 
@@ -292,15 +302,18 @@ async def test_explicit_kwarg_and_positional_win() -> None:
     assert await run(task, make_context(args=(1, "positional"))[0]) == "1:positional"
 
 
-def test_factory_parameter_without_dependency_is_rejected() -> None:
+async def test_factory_parameter_without_dependency_fails_when_the_task_runs() -> None:
+    """As in pydocket: the task registers, and its run fails."""
+
     def factory(x: int) -> int:
         return x
 
     async def task(v: int = Depends(factory)) -> None:
         pass
 
+    validate(task)
     with pytest.raises(UsageError, match="'x'"):
-        validate(task)
+        await run_unwrapped(task, make_context()[0])
 
 
 # -- TaskArgument --------------------------------------------------------------
@@ -334,15 +347,26 @@ async def test_task_argument_missing_is_usage_error() -> None:
         pass
 
     with pytest.raises(UsageError, match="absent"):
-        await run(task, make_context()[0])
+        await run_unwrapped(task, make_context()[0])
 
 
-def test_bare_task_argument_at_top_level_is_rejected() -> None:
-    async def task(x: int = TaskArgument()) -> None:
-        pass
+async def test_bare_task_argument_on_the_task_takes_its_parameter_name() -> None:
+    """Registering works (as in pydocket); the call's own ``x`` is used, and a
+    call without one fails when it runs (``None`` if optional)."""
 
-    with pytest.raises(UsageError):
-        validate(task)
+    async def task(x: int = TaskArgument()) -> int:
+        return x
+
+    async def lenient(x: Any = TaskArgument(optional=True)) -> Any:
+        return x
+
+    validate(task)
+    validate(lenient)
+    assert await run(task, make_context(kwargs={"x": 5})[0]) == 5
+    assert await run(task, make_context(args=(6,))[0]) == 6
+    with pytest.raises(UsageError, match="'x'"):
+        await run_unwrapped(task, make_context()[0])
+    assert await run(lenient, make_context()[0]) is None
 
 
 # -- Retry ---------------------------------------------------------------------
@@ -401,6 +425,40 @@ async def test_forced_retry() -> None:
         Retry().in_(timedelta(seconds=1))
     assert forced_retry_at(caught.value, NOW) == NOW + 1
     assert forced_retry_at(ValueError(), NOW) is None
+
+
+def test_a_retry_passed_by_the_caller_replaces_the_declared_one() -> None:
+    declared = Retry(attempts=1)
+
+    async def task(x: int, retry: Retry = declared) -> None:
+        pass
+
+    async def other(r: Retry = declared) -> None:
+        pass
+
+    validate(task)
+    validate(other)  # one default shared by two tasks, under two names
+    given = ExponentialRetry(attempts=4, minimum_delay=timedelta(seconds=2))
+    arguments = bind_arguments(task, (1,), {"retry": given})
+    assert task_policy(task, "task", "d", arguments).retry == RetryPolicy(
+        attempts=4, delay=2.0, exponential=True, maximum_delay=64.0
+    )
+    assert task_policy(other, "other", "d", {"r": Retry(attempts=2)}).retry == RetryPolicy(
+        attempts=2, delay=0.0
+    )
+    # anything else under that name, or nothing, leaves the declared policy
+    declared_policy = RetryPolicy(attempts=1, delay=0.0)
+    assert task_policy(task, "task", "d", bind_arguments(task, (1,), {})).retry == declared_policy
+    assert task_policy(task, "task", "d", {"x": 1, "retry": 3}).retry == declared_policy
+
+
+def test_retry_attempts_below_one_are_accepted_as_no_retry() -> None:
+    """pydocket takes ``Retry(attempts=0)`` without complaint: no retry."""
+    from docket_core.sansio.decisions import may_retry
+
+    for attempts in (0, -1):
+        retry = Retry(attempts=attempts)
+        assert not may_retry(retry._retry_policy(), 1)
 
 
 def test_two_retries_are_rejected() -> None:
@@ -509,7 +567,11 @@ def test_concurrency_limit_forms() -> None:
     assert task_policy(positional_max, "pm", "dk", {}).concurrency == ConcurrencyPolicy(
         limit_key="s:concurrency:pm", max_concurrent=5, scope="s"
     )
-    with pytest.raises(UsageError, match="ConcurrencyLimit on 'customer_id'"):
+    with pytest.raises(
+        UsageError,
+        match=r"^ConcurrencyLimit argument 'customer_id' not found in task arguments\. "
+        r"Available: \[\]$",
+    ):
         task_policy(per_argument, "pa", "dk", {})
 
 
@@ -520,12 +582,15 @@ async def test_annotated_concurrency_parameter_is_not_injected() -> None:
     assert await run(task, make_context(args=(9,))[0]) == 9
 
 
-def test_concurrency_limit_on_unknown_parameter_is_rejected() -> None:
+def test_concurrency_limit_on_unknown_parameter_fails_each_call() -> None:
+    """As in pydocket 0.27: the task registers; each call's policy fails."""
+
     async def task(x: int, limit: ConcurrencyLimit = ConcurrencyLimit("customer_id")) -> None:
         pass
 
-    with pytest.raises(UsageError, match="customer_id"):
-        validate(task)
+    validate(task)
+    with pytest.raises(UsageError, match=r"Available: \['x'\]"):
+        task_policy(task, "task", "dk", bind_arguments(task, (1,), {}))
     with pytest.raises(UsageError):
         ConcurrencyLimit(max_concurrent=0)
 
@@ -574,8 +639,10 @@ async def test_progress() -> None:
         ("progress", {"message": "halfway", "clear_message": False}),
         ("progress", {"message": None, "clear_message": True}),
     ]
-    with pytest.raises(UsageError):
+    with pytest.raises(ValueError, match=r"^Total must be at least 1$"):
         await progress.set_total(0)
+    with pytest.raises(ValueError, match=r"^Amount must be at least 1$"):
+        await progress.increment(0)
 
 
 async def test_progress_shared_between_task_and_factory() -> None:
@@ -618,6 +685,6 @@ def test_call_repr_with_logged() -> None:
         pass
 
     assert call_repr(task, "task", (1, "hidden", [1, 2, 3]), {"secret": "s"}) == (
-        "task(1, ..., {len 3}, secret=...)"
+        "task(1, ..., [len 3], secret=...)"
     )
-    assert call_repr(task, "task", (), {"a": 5, "items": "ab"}) == "task(a=5, items={len 2})"
+    assert call_repr(task, "task", (), {"a": 5, "items": "ab"}) == "task(a=5, items=[len 2])"

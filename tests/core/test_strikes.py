@@ -3,6 +3,7 @@ of the instructions applied to it, in order."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -65,15 +66,48 @@ def test_each_operator(operator: Operator, actual: Any, expected: Any, matches: 
     ("operator", "actual", "expected"),
     [
         (Operator.GREATER_THAN, "a", 1),
+        (Operator.LESS_THAN_OR_EQUAL, None, 1),
         (Operator.BETWEEN, 5, None),
+        (Operator.BETWEEN, 5, 7),
         (Operator.BETWEEN, 5, (1,)),
+        (Operator.BETWEEN, 5, (1, 10, 20)),  # not a pair, even if 5 is in [1, 10]
+        (Operator.BETWEEN, "c", (1, 10)),
         (Operator.EQUAL, Incomparable(), 1),
     ],
 )
-def test_values_that_cannot_be_compared_never_match(
-    operator: Operator, actual: Any, expected: Any
+def test_values_that_cannot_be_compared_never_match_and_say_so(
+    operator: Operator, actual: Any, expected: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert compare(operator, actual, expected) is False
+    with caplog.at_level(logging.WARNING, logger="docket.execution"):
+        assert compare(operator, actual, expected) is False
+    (record,) = caplog.records
+    assert record.name == "docket.execution"
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        f"Incompatible type for strike condition: {expected!r} {operator.value} {actual!r}"
+    )
+    assert record.exc_info is not None  # the comparison's error, for the log's traceback
+
+
+def test_comparable_values_log_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG):
+        assert compare(Operator.BETWEEN, "b", ("a", "c"))
+        assert not compare(Operator.EQUAL, "a", 1)  # == works across types
+    assert caplog.records == []
+
+
+def test_a_list_holding_an_incompatible_condition_still_matches_the_others(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    strikes = applied(
+        instruction(None, "n", Operator.GREATER_THAN, "text"),
+        instruction(None, "n", Operator.BETWEEN, 3),
+        instruction(None, "n", Operator.EQUAL, 7),
+    )
+    with caplog.at_level(logging.WARNING, logger="docket.execution"):
+        assert strikes.is_struck("t", {"n": 7})
+        assert not strikes.is_struck("t", {"n": 8})
+    assert caplog.messages[0].startswith("Incompatible type for strike condition")
 
 
 def test_operators_are_named_as_pydocket_names_them() -> None:

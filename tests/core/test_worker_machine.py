@@ -344,6 +344,7 @@ def test_perpetual_runs_start_to_start() -> None:
             now=103.0,
             acknowledge="d1",
             expect_generation=3,
+            ended=ExecutionState.COMPLETED,
         )
     ]
     assert machine.counters["perpetuated"] == 1
@@ -421,15 +422,41 @@ def test_cancelled_runs_never_retry_or_perpetuate() -> None:
 
 
 def test_a_cancel_spares_a_key_added_again_after_it() -> None:
-    """The cancel signal names the generation the cancel gave the key; a
-    delivery of a newer generation (the key was added again at once) runs on."""
+    """The cancel signal names the first generation it spares; a delivery of
+    it or newer (the key was added again at once) runs on."""
     machine = make_machine()
     start(machine, arrival("d1", generation=7))
     machine.receive(CancelRequested(key="key-d1", now=1.0, generation=6))
     assert machine.effects() == []
     assert machine.in_flight["d1"].phase is Phase.RUNNING
+    machine.receive(CancelRequested(key="key-d1", now=1.0, generation=7))
+    assert machine.effects() == []
     machine.receive(CancelRequested(key="key-d1", now=1.0, generation=8))
     assert machine.effects() == [CancelTask(delivery_id="d1", reason=StopReason.CANCELLED)]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "state"),
+    [
+        (TaskOutcome.SUCCEEDED, ExecutionState.COMPLETED),
+        (TaskOutcome.FAILED, ExecutionState.FAILED),
+    ],
+)
+def test_a_cancelled_run_that_ends_anyway_is_neither_retried_nor_perpetuated(
+    outcome: TaskOutcome, state: ExecutionState
+) -> None:
+    machine = make_machine()
+    policy = TaskPolicy(
+        retry=RetryPolicy(attempts=None, delay=1.0), perpetual=PerpetualPolicy(every=10.0)
+    )
+    start(machine, arrival("d1", policy=policy), now=100.0)
+    machine.receive(CancelRequested(key="key-d1", now=101.0, generation=2))
+    machine.effects()
+    (finish,) = end(machine, "d1", outcome, 102.0)
+    assert isinstance(finish, Finish)
+    assert finish.state is state
+    assert machine.counters[outcome.value] == 1
+    assert machine.counters["retried"] + machine.counters["perpetuated"] == 0
 
 
 def test_a_cancelled_run_that_finishes_anyway_reports_what_it_did() -> None:

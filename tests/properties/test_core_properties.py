@@ -221,15 +221,38 @@ class Simulation:
     def arrival(self, delivery: Delivery) -> Arrival:
         return Arrival(delivery=delivery, policy=POLICIES[delivery.message.key])
 
-    def end(self, worker: SimWorker, delivery_id: str, outcome: TaskOutcome) -> None:
+    def end(
+        self, worker: SimWorker, delivery_id: str, outcome: TaskOutcome, swallows: bool = False
+    ) -> None:
+        """A task function ends with ``outcome``; one asked to stop ends
+        cancelled, unless it ``swallows`` the cancellation (it then ends as
+        it returned or raised)."""
         running = worker.running.pop(delivery_id)
-        if running.cancel is not None:
+        if running.cancel is not None and not swallows:
             outcome = TaskOutcome.CANCELLED
+        record = self.shelf.records.get(running.key)
+        cancelled_run = (
+            record is not None
+            and record.generation == running.generation
+            and record.cancel_ttl is not None
+        )
         error = "RuntimeError: boom" if outcome is TaskOutcome.FAILED else None
         worker.machine.receive(
             TaskEnded(delivery_id=delivery_id, now=self.now, outcome=outcome, error=error)
         )
         self.pump(worker)
+        if cancelled_run and self.lease_valid_after_end(running):
+            # nothing follows a run whose key was cancelled while it ran
+            after = self.shelf.records.get(running.key)
+            assert after is None or after.state.terminal, after
+
+    def lease_valid_after_end(self, running: Running) -> bool:
+        """Whether no other copy of the run's generation is out: the end
+        just recorded was this run's own."""
+        return not any(
+            held.message.key == running.key and held.message.generation == running.generation
+            for held in self.shelf.held.values()
+        )
 
     def tick(self, worker: SimWorker) -> None:
         worker.machine.receive(Tick(now=self.now))
@@ -266,6 +289,9 @@ class Simulation:
         assert set(shelf.ready_ids) == {m.key for m in shelf.ready.values()}
         for delivery_id, message in shelf.ready.items():
             assert shelf.ready_ids[message.key] == delivery_id
+        # only a running record carries a cancel's mark
+        for record in shelf.records.values():
+            assert record.cancel_ttl is None or record.state is ExecutionState.RUNNING, record
         # a key's current generation never runs twice at once with valid leases
         owners: dict[tuple[str, int], list[str]] = {}
         for worker in self.workers:
@@ -371,9 +397,16 @@ class DocketMachine(RuleBasedStateMachine):
     @rule(key=st.sampled_from(KEYS))
     def cancel(self, key: str) -> None:
         key = self.key(key)
+        running = self.sim.shelf.records.get(key)
         self.sim.cancel(key)
         record = self.sim.shelf.records.get(key)
-        assert record is None or record.state.terminal
+        if running is not None and running.state is ExecutionState.RUNNING:
+            # a running key is only marked: its run records its own end
+            assert record is not None and record.state is ExecutionState.RUNNING, record
+            assert record.generation == running.generation
+            assert record.cancel_ttl is not None
+        else:
+            assert record is None or record.state.terminal
         assert key not in self.sim.shelf.future
         assert key not in self.sim.shelf.ready_ids
 
@@ -406,16 +439,17 @@ class DocketMachine(RuleBasedStateMachine):
         return any(w.running for w in self.sim.workers)
 
     @precondition(any_running)
-    @rule(pick=st.integers(0, 8), outcome=st.sampled_from(TaskOutcome))
-    def end_task(self, pick: int, outcome: TaskOutcome) -> None:
-        """One running task function returns, raises or gives up."""
+    @rule(pick=st.integers(0, 8), outcome=st.sampled_from(TaskOutcome), swallows=st.booleans())
+    def end_task(self, pick: int, outcome: TaskOutcome, swallows: bool) -> None:
+        """One running task function returns, raises or gives up (even one
+        asked to stop, when it swallows the cancellation)."""
         running = [
             (worker, delivery_id)
             for worker in self.sim.workers
             for delivery_id in sorted(worker.running)
         ]
         worker, delivery_id = running[pick % len(running)]
-        self.sim.end(worker, delivery_id, outcome)
+        self.sim.end(worker, delivery_id, outcome, swallows=swallows)
 
     @precondition(
         lambda self: any(r.cancel is not None for w in self.sim.workers for r in w.running.values())
@@ -596,3 +630,36 @@ def test_generation_is_not_reused_after_a_record_expires() -> None:
     sim.now += REDELIVERY + 1
     sim.read(second)
     assert stale not in second.running, "a cancelled execution ran again"
+
+
+def test_a_run_cancelled_before_its_worker_died_never_runs_again() -> None:
+    """The cancel only marks a running key; its worker dies before recording
+    the end, and the copy handed out again concludes it cancelled."""
+    sim = Simulation(workers=2)
+    first, second = sim.workers
+    sim.add("b", ScheduleMode.ADD, 0.0)
+    sim.read(first)
+    sim.cancel("b")
+    assert sim.shelf.records["b"].state is ExecutionState.RUNNING
+    sim.crash(0)
+    sim.now += REDELIVERY + 1
+    sim.read(second)
+    assert not second.running
+    record = sim.shelf.records["b"]
+    assert (record.state, record.cancel_ttl) == (ExecutionState.CANCELLED, None)
+    assert sim.starts == 1
+    assert sim.quiescent()
+
+
+def test_a_cancelled_run_that_swallows_it_ends_as_it_did_and_is_not_retried() -> None:
+    sim = Simulation(workers=1)
+    (worker,) = sim.workers
+    sim.add("b", ScheduleMode.ADD, 0.0)
+    sim.read(worker)
+    (delivery_id,) = worker.running
+    sim.cancel("b")
+    sim.end(worker, delivery_id, TaskOutcome.FAILED, swallows=True)
+    record = sim.shelf.records["b"]
+    assert (record.state, record.error) == (ExecutionState.FAILED, "RuntimeError: boom")
+    sim.drain()
+    assert sim.starts == 1

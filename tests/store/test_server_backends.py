@@ -56,7 +56,7 @@ GLIDE_TRIO_BACKENDS = ["glide_valkey-trio", "glide_redis-trio"]
 FAST = timedelta(milliseconds=5)
 
 #: the keys the layout keeps without a TTL (docket_core/lua/__init__.py)
-PERMANENT = ("q", "due", "waiting", "workers", "strikes", "generation")
+PERMANENT = ("q", "wake", "due", "stale", "workers", "strikes", "generation")
 
 
 # -- private servers ---------------------------------------------------------------------------
@@ -339,8 +339,14 @@ async def test_no_key_outlives_a_workload_without_a_ttl(
     client = inspector(server.port)
     try:
         keys, leaks = _keys_without_ttl(client, docket.name)
+        # the workers left: no consumer of theirs stays in either stream's group
+        consumers = {
+            stream: [c["name"] for c in client.xinfo_consumers(stream, "docket-workers")]
+            for stream in ("{" + docket.name + "}:q", "{" + docket.name + "}:wake")
+        }
     finally:
         client.close()
+    assert all(not names for names in consumers.values()), f"consumers left: {consumers}"
     kinds = Counter(k.split(":")[1] for k in keys)
     print(f"\n{docket.name}: {len(keys)} keys left, by kind {dict(kinds)}")
     assert keys, "the workload left no key at all: is the prefix right?"

@@ -1,13 +1,15 @@
-"""The stream and its consumer group vanish under a running worker (a
-FLUSHALL, a restart without persistence, a failover to a replica that had not
-received them): the worker recreates what it needs and goes on."""
+"""The stream and its consumer group (or the wake-up stream and its own)
+vanish under a running worker (a FLUSHALL, a restart without persistence, a
+failover to a replica that had not received them): the worker recreates what
+it needs and goes on."""
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import anyio
 import pytest
@@ -162,3 +164,61 @@ async def test_a_worker_goes_on_after_a_restart_without_persistence(
             assert recreation_warnings(caplog, docket), "the worker did not say so"
     finally:
         server.cleanup()
+
+
+def groups(client: redis.Redis, stream: str) -> list[bytes]:
+    """The names of the stream's consumer groups (none without the stream)."""
+    try:
+        return [group["name"] for group in client.xinfo_groups(stream)]
+    except redis.ResponseError:
+        return []
+
+
+@pytest.mark.parametrize("how", ["deleted", "group destroyed"])
+async def test_a_blocked_worker_is_still_woken_after_its_wake_stream_vanishes(
+    docket: Docket, server_for: Callable[[], Server | None], how: str
+) -> None:
+    """The wake-up stream (``{name}:wake``) goes, or loses its consumer
+    group, while the worker blocks on it: the worker makes it again and a
+    message scheduled sooner than everything still wakes it at once."""
+    server = server_for()
+    assert server is not None
+    ran: list[float] = []
+
+    async def job() -> None:
+        ran.append(time.monotonic())
+
+    docket.register(job)
+    # reads block for 3 s: only a wake-up can start the job well before that
+    worker = Worker(
+        docket,
+        name=f"worker-{uuid.uuid4().hex[:8]}",
+        minimum_check_interval=timedelta(seconds=3),
+        reconnection_delay=timedelta(milliseconds=50),
+    )
+    wake = "{" + docket.name + "}:wake"
+    client = redis.Redis(host="127.0.0.1", port=server.port)
+    try:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as group:
+                group.start_soon(worker.run_forever)
+                await docket.add(job, when=datetime.now(UTC) + timedelta(hours=1))()
+                while not client.exists(wake):
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.2)  # the worker blocks
+                if how == "deleted":
+                    assert client.delete(wake) == 1
+                else:
+                    assert client.xgroup_destroy(wake, "docket-workers") == 1
+                # the worker reads again, makes the group again, and blocks again
+                while groups(client, wake) != [b"docket-workers"]:
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.2)
+                added = time.monotonic()
+                await docket.add(job, when=datetime.now(UTC) + timedelta(seconds=0.2))()
+                while not ran:
+                    await anyio.sleep(0.01)
+                group.cancel_scope.cancel()
+    finally:
+        client.close()
+    assert ran[0] - added < 1.5, f"the job started {ran[0] - added:.2f} s after it was added"

@@ -1,0 +1,426 @@
+"""Running task functions: ``Runner``, the worker's pool of runner tasks.
+
+The worker's loops decide nothing about a run: the core (``WorkerMachine``)
+says when a delivery starts (``StartTask``) and when it must stop
+(``CancelTask``).  ``Runner.start`` hands a start to an idle runner task (or
+to a new one when all are busy), and the runner carries it out: it resolves
+the task's dependencies, calls the function, records metrics and the span,
+logs the run's lines (``worker_logs``) and reports how it ended
+(``TaskEnded``); then it waits for the next start.
+
+Runner tasks are shielded from the worker's own cancellation (a stopping
+worker drains its tasks).  Each runs its calls inside one cancel scope, kept
+from run to run until a ``CancelTask`` cancels it (it only ever does while
+that run is the one running): that run ends cancelled and the runner opens a
+fresh scope.  So a run pays for no task, no cancel scope and no wake-up beyond
+handing it over.  A run that leaves a context variable set (a task binding
+log context and never resetting it) retires its runner task, so the next run
+starts from a clean context, as it would in a task of its own.
+
+How a run ends:
+
+- the function returned: it succeeded, even if it caught and swallowed the
+  cancellation docket sent it (as pydocket records it: ``completed``);
+- it raised anything (an ``Exception``, a ``TimeoutError`` of its own, even
+  ``SystemExit``): it failed, and the core decides on a retry;
+- a dependency failed to resolve: it failed with pydocket's
+  ``ExceptionGroup`` (``Failed to resolve dependencies for parameter(s): ...``);
+- the cancellation docket asked for reached the scope: it was cancelled,
+  and the core decides what that records (a timeout fails the run).
+
+``loop_options`` names the event loops a worker runs on (``Worker.run_sync``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import importlib
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from . import instrumentation, worker_logs
+from .dependencies import ForcedRetry, TaskContext, resolve
+from .execution import Execution
+from .outcomes import blocked_follow_up, blocked_line
+from .sansio.decisions import may_retry
+from .sansio.effects import CancelTask
+from .sansio.errors import UsageError
+from .sansio.flight import Count
+from .sansio.inputs import DeadlineExtended, TaskEnded, TaskOutcome
+from .sansio.values import ExecutionState, TaskPolicy
+from .sansio.worker import WorkerMachine
+from .serialization import describe, dumps_value
+
+if TYPE_CHECKING:
+    from .docket import Docket
+    from .worker import Worker
+
+__all__ = ["LOOPS", "Runner", "loop_options"]
+
+_RESCHEDULED = (Count.RETRIED, Count.PERPETUATED)
+
+#: one started delivery: its id, the function, the execution and the call's headers
+Job = tuple[str, Callable[..., Any], Execution, dict[str, str]]
+
+
+class _Seat:
+    """Where an idle runner task waits: the job it is handed and its waiter
+    (an asyncio future, or an ``anyio.Event`` on other loops)."""
+
+    __slots__ = ("job", "waiter")
+
+    def __init__(self) -> None:
+        self.job: Job | None = None
+        self.waiter: Any = None
+
+
+class Runner:
+    """Runs the task functions of one worker run (one ``Worker._run``).
+
+    It shares two tables with the worker: ``scopes`` (delivery id -> the
+    cancel scope its run is in, which a ``CancelTask`` cancels) and ``stops``
+    (delivery id -> the ``CancelTask`` that did).  ``wake`` tells the
+    worker's flusher the machine has effects, ``rearm`` its timer that a
+    deadline changed, ``stop_worker`` asks the worker to stop after
+    draining, and ``spawn`` starts a runner task (shielded, in the worker's
+    task group)."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        machine: WorkerMachine,
+        *,
+        scopes: dict[str, anyio.CancelScope],
+        stops: dict[str, CancelTask],
+        wake: Callable[[], None],
+        rearm: Callable[[], None],
+        stop_worker: Callable[[], None],
+        spawn: Callable[[Callable[[], Awaitable[None]]], None],
+    ) -> None:
+        self.worker = worker
+        self.docket: Docket = worker.docket
+        self.machine = machine
+        self.scopes = scopes
+        self.stops = stops
+        self.wake = wake
+        self.rearm = rearm
+        self.stop_worker = stop_worker
+        self.spawn = spawn
+        #: the ``extra`` fields of every log line of this worker
+        self.log_extra = worker_logs.worker_extra(self.docket.name, worker.name)
+        #: task name -> the metric labels of its runs here
+        self.labels: dict[str, dict[str, str]] = {}
+        #: the runner tasks waiting for a job, the last one to finish first
+        self.idle: list[_Seat] = []
+        #: function -> whether it is a coroutine function (asked once)
+        self._awaitable: dict[Callable[..., Any], bool] = {}
+        try:
+            # on asyncio a bare future is the cheapest way to wake a runner
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+
+    def _labels(self, function_name: str) -> dict[str, str]:
+        labels = self.labels.get(function_name)
+        if labels is None:
+            labels = self.labels[function_name] = {
+                "docket.name": self.docket.name,
+                "docket.worker": self.worker.name,
+                "docket.task": function_name,
+            }
+        return labels
+
+    # -- the runner tasks ------------------------------------------------------------
+
+    def start(
+        self,
+        delivery_id: str,
+        function: Callable[..., Any],
+        execution: Execution,
+        headers: dict[str, str],
+    ) -> None:
+        """Run a started delivery's function: hand it to an idle runner task,
+        or start one more when every runner is busy."""
+        job = (delivery_id, function, execution, headers)
+        idle = self.idle
+        while idle:
+            seat = idle.pop()
+            if self._loop is None:
+                seat.job = job
+                seat.waiter.set()
+                return
+            if not seat.waiter.done():  # (else its runner is being cancelled: stopping)
+                seat.job = job
+                seat.waiter.set_result(None)
+                return
+        self.spawn(partial(self._serve, job))
+
+    async def _serve(self, job: Job) -> None:
+        """One runner task: run ``job``, then whatever it is handed next.
+
+        Its runs share a cancel scope until a ``CancelTask`` cancels one (the
+        scope is then spent: the next run gets a fresh one)."""
+        seat = _Seat()
+        clean = contextvars.copy_context()
+        while True:
+            with anyio.CancelScope() as scope:
+                while True:
+                    if await self._run(job, scope):
+                        break  # (the scope was cancelled: it is spent)
+                    if contextvars.copy_context() != clean:
+                        return  # the run left context behind: the next one gets a new task
+                    job = await self._next(seat)
+            if contextvars.copy_context() != clean:
+                return
+            job = await self._next(seat)
+
+    async def _next(self, seat: _Seat) -> Job:
+        """Wait, idle, until ``start`` hands this runner a job."""
+        seat.job = None
+        idle = self.idle
+        try:
+            if self._loop is not None:
+                seat.waiter = self._loop.create_future()
+                idle.append(seat)
+                await seat.waiter
+            else:
+                seat.waiter = anyio.Event()
+                idle.append(seat)
+                await seat.waiter.wait()
+        except BaseException:
+            # (cancelled: the worker stops; a job handed over just now is
+            # abandoned with the rest, and the store hands it out again)
+            if seat in idle:
+                idle.remove(seat)
+            raise
+        job = seat.job
+        assert job is not None
+        return job
+
+    # -- one run ---------------------------------------------------------------------
+
+    async def _run(self, job: Job, scope: anyio.CancelScope) -> bool:
+        """Run the task function of one started delivery in ``scope`` and
+        report its end.  The cancellation a ``CancelTask`` sends ``scope``
+        ends the run here; any other exception is the run's failure.
+        Returns whether docket cancelled ``scope`` (it is then spent)."""
+        delivery_id, function, execution, headers = job
+        machine = self.machine
+        docket = self.docket
+        flight = machine.in_flight[delivery_id]
+        outcome = TaskOutcome.SUCCEEDED
+        error: str | None = None
+        result: bytes | None = None
+        follow_up = None
+        failure: BaseException | None = None
+        returned = False
+        cancelled = False
+        function_name = execution.function_name
+        execution.state = ExecutionState.RUNNING
+        execution.worker = self.worker.name
+
+        def on_deadline(deadline: float) -> None:
+            machine.receive(DeadlineExtended(delivery_id=delivery_id, deadline=deadline))
+            self.rearm()
+
+        context = TaskContext(
+            docket=docket,
+            worker=self.worker,
+            execution=execution,
+            function_name=function_name,
+            args=execution.args,
+            kwargs=execution.kwargs,
+            now=time.time,
+            deadline=flight.deadline,
+            on_deadline_change=on_deadline,
+            report_progress=partial(_report, docket, execution.key, execution.generation),
+        )
+        labels = self._labels(function_name)
+        started = time.time()
+        punctuality = started - execution.when.timestamp()
+        metering = instrumentation.metering()
+        if metering:
+            instrumentation.TASK_PUNCTUALITY.record(max(punctuality, 0.0), labels)
+        line = worker_logs.log_start(execution, self.log_extra, punctuality)
+        awaitable = self._awaitable.get(function)
+        if awaitable is None:
+            awaitable = self._awaitable[function] = inspect.iscoroutinefunction(function)
+        self.scopes[delivery_id] = scope
+        with instrumentation.task_span(execution, headers, labels) as span:
+            resolving = True
+            try:
+                async with resolve(function, context, self.worker.dependencies) as call:
+                    resolving = False
+                    try:
+                        if call.runtime is not None:  # (a custom ``Runtime``)
+                            value = await call.runtime.run(
+                                execution, function, call.args, call.kwargs
+                            )
+                        elif awaitable:
+                            value = await function(*call.args, **call.kwargs)
+                        else:
+                            # a thread cannot be interrupted: a timed-out or
+                            # cancelled sync task ends when it returns, and only
+                            # then is its slot released or its retry scheduled
+                            value = await anyio.to_thread.run_sync(
+                                partial(function, *call.args, **call.kwargs)
+                            )
+                        returned = True
+                        if value is not None and docket.execution_ttl.total_seconds() > 0:
+                            result = dumps_value(value, docket.signing)
+                            if result is None:
+                                raise TypeError(
+                                    f"the result of {function_name} "
+                                    f"({type(value).__name__}) cannot be pickled"
+                                )
+                    except ForcedRetry as forced:
+                        outcome, error, failure = TaskOutcome.FAILED, describe(forced), forced
+                    except BaseException as raised:
+                        if _docket_cancelled(raised, scope):
+                            raise
+                        outcome, failure = TaskOutcome.FAILED, raised
+                        error, result = self._failed(execution, raised, span)
+                    # (the custom handlers, ``extensions``, have their say here)
+                    follow_up = await call.settle(
+                        execution,
+                        started=started,
+                        result=value if returned else None,
+                        error=failure,
+                        retrying=_retrying(flight.policy, execution.attempt),
+                    )
+            except BaseException as raised:
+                if _docket_cancelled(raised, scope):
+                    # a function that returned ended as it did, even if what
+                    # followed (its dependencies' cleanup) was cut short
+                    cancelled = not returned
+                else:
+                    outcome, failure = TaskOutcome.FAILED, raised
+                    error, result = self._failed(execution, raised, span, resolving)
+                    follow_up = blocked_follow_up(raised, time.time())
+            stop = self.stops.pop(delivery_id, None)
+            if follow_up is not None and follow_up.blocked is not None and not cancelled:
+                # an ``AdmissionBlocked``: no failure to log, the core settles it
+                worker_logs.logger.debug(
+                    blocked_line(execution.key, follow_up), extra=self.log_extra
+                )
+                line = failure = None
+            if cancelled:
+                instrumentation.interrupted(span, stop.reason.value if stop else None)
+        duration = time.time() - started
+        if metering:
+            instrumentation.TASK_DURATION.record(duration, labels)
+        if cancelled:
+            # the core decides what a stopped run records: here only the
+            # exception it asked to keep is pickled
+            outcome, error, result, failure = TaskOutcome.CANCELLED, None, None, None
+            if stop is not None and stop.result is not None:
+                failure = stop.result.exception()
+                result = dumps_value(failure, docket.signing)
+        self.scopes.pop(delivery_id, None)
+        # (what the end line needs to know, counted only when a line is due)
+        counters = machine.counters
+        logged = line is not None or failure is not None or cancelled
+        if logged:
+            rescheduled = counters[_RESCHEDULED[0]] + counters[_RESCHEDULED[1]]
+        machine.receive(
+            TaskEnded(
+                delivery_id=delivery_id,
+                now=time.time(),
+                outcome=outcome,
+                error=error,
+                result=result,
+                follow_up=follow_up,
+            )
+        )
+        self.wake()
+        if logged:
+            worker_logs.log_end(
+                line,
+                execution,
+                self.log_extra,
+                punctuality,
+                duration,
+                rescheduled=counters[_RESCHEDULED[0]] + counters[_RESCHEDULED[1]] > rescheduled,
+                failure=failure,
+                interrupted=_interruption(stop) if cancelled and failure is None else None,
+            )
+        # (abandoning cancels a scope without a stop; the runner ends then anyway)
+        return cancelled or stop is not None
+
+    def _failed(
+        self,
+        execution: Execution,
+        failure: BaseException,
+        span: Any,
+        resolving: bool = False,
+    ) -> tuple[str, bytes | None]:
+        """Record what a run raised: any exception, even one that would stop
+        a program (``SystemExit``, ``KeyboardInterrupt``: the run fails, then
+        the worker stops after draining) or a cancellation docket did not
+        cause.  Returns the error text and the pickled exception, if it pickles."""
+        error = describe(failure)
+        if resolving and isinstance(failure, ExceptionGroup):
+            # the causes too: the group's own text only counts them
+            error += ": " + "; ".join(describe(cause) for cause in failure.exceptions)
+        instrumentation.failed(span, failure)
+        if isinstance(failure, SystemExit | KeyboardInterrupt):
+            worker_logs.logger.error(
+                "%s raised %s: worker %s stops after draining",
+                execution.function_name,
+                type(failure).__name__,
+                self.worker.name,
+            )
+            self.stop_worker()
+        return error, dumps_value(failure, self.docket.signing)
+
+
+def _retrying(policy: TaskPolicy, attempt: int) -> bool:
+    """Whether a failure of attempt ``attempt`` will be retried by the core."""
+    return policy.retry is not None and may_retry(policy.retry, attempt)
+
+
+def _docket_cancelled(failure: BaseException, scope: anyio.CancelScope) -> bool:
+    """Whether ``failure`` is the cancellation docket asked for (a
+    ``CancelTask``): the run's scope takes it.  Any other is the task's own."""
+    return scope.cancel_called and isinstance(failure, anyio.get_cancelled_exc_class())
+
+
+def _interruption(stop: CancelTask | None) -> str:
+    """Why a run was stopped, for its end line."""
+    return "abandoned" if stop is None else stop.reason.value
+
+
+async def _report(docket: Docket, key: str, generation: int, **changes: Any) -> Any:
+    return await docket.adapter.report_progress(
+        key, now=time.time(), generation=generation, **changes
+    )
+
+
+# -- the event loop ----------------------------------------------------------------------
+
+#: the event loops a worker runs on, by name: the standard library's asyncio
+#: loop, asyncio on uvloop (the ``uvloop`` extra), trio
+LOOPS = ("asyncio", "uvloop", "trio")
+
+
+def loop_options(loop: str) -> dict[str, Any]:
+    """``anyio.run``'s keyword arguments for the event loop named ``loop``
+    (``LOOPS``); asking for uvloop without it installed says how to get it."""
+    if loop == "uvloop":
+        try:
+            uvloop = importlib.import_module("uvloop")
+        except ImportError as error:
+            raise UsageError(
+                f"the uvloop event loop needs the uvloop extra: pip install 'docket[uvloop]' "
+                f"({error})"
+            ) from error
+        return {"backend": "asyncio", "backend_options": {"loop_factory": uvloop.new_event_loop}}
+    if loop not in LOOPS:
+        raise UsageError(f"unknown event loop {loop!r}: one of {', '.join(LOOPS)}")
+    return {"backend": loop}

@@ -1,0 +1,185 @@
+"""The worker's runner tasks (``docket_core.running.Runner``): runs reuse a
+few long-lived tasks instead of one task per delivery, and reusing them
+changes nothing a run can see: a cancelled or timed-out run does not reach
+the next one, and context variables do not leak from one run to the next."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import importlib.util
+import uuid
+from datetime import timedelta
+
+import anyio
+import pytest
+from helpers import finish, loaded, make_worker
+
+from docket_core import Docket, ExecutionState, Timeout, Worker
+from docket_core.running import loop_options
+from docket_core.sansio.errors import UsageError
+
+pytestmark = pytest.mark.anyio
+
+#: the loops ``where`` found itself on
+LOOPS_SEEN: list[str] = []
+
+
+async def where() -> None:
+    try:
+        LOOPS_SEEN.append(type(asyncio.get_running_loop()).__module__.split(".")[0])
+    except RuntimeError:
+        LOOPS_SEEN.append("trio")
+
+
+#: the collection ``Worker.run_sync`` registers (``tasks=[f"{__name__}:LOOP_TASKS"]``)
+LOOP_TASKS = [where]
+
+#: what a task leaves set (and never resets) for the next run to find
+BOUND: contextvars.ContextVar[str] = contextvars.ContextVar("bound")
+
+
+async def test_runs_reuse_a_few_runner_tasks(docket: Docket) -> None:
+    tasks: set[int] = set()
+
+    async def noted() -> None:
+        tasks.add(anyio.get_current_task().id)
+        await anyio.sleep(0)
+
+    for _ in range(60):
+        await docket.add(noted)()
+    worker = make_worker(docket, concurrency=4)
+    await finish(worker, 5.0)
+    assert worker.counters["succeeded"] == 60
+    assert 1 <= len(tasks) <= 4
+
+
+async def test_a_context_variable_a_run_leaves_set_does_not_reach_the_next_run(
+    docket: Docket,
+) -> None:
+    seen: list[str] = []
+
+    async def binds(value: str) -> None:
+        seen.append(BOUND.get("unset"))
+        BOUND.set(value)  # and never reset, as a task binding log context would
+
+    for value in ("first", "second", "third"):
+        await docket.add(binds)(value)
+    await finish(make_worker(docket, concurrency=1))
+    assert seen == ["unset", "unset", "unset"]
+
+
+async def test_the_run_after_a_cancelled_one_is_not_cancelled(docket: Docket) -> None:
+    started = anyio.Event()
+    after: list[str] = []
+
+    async def endless() -> None:
+        started.set()
+        await anyio.sleep(60)
+
+    async def next_one() -> None:
+        await anyio.sleep(0.01)  # a checkpoint a stale cancellation would hit
+        after.append("ran")
+
+    await docket.add(endless, key="endless")()
+    await docket.add(next_one, key="next", when=None)()
+    worker = make_worker(docket, concurrency=1)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(worker.run_until_finished)
+            await started.wait()
+            await docket.cancel("endless")
+    assert (await loaded(docket, "endless")).state is ExecutionState.CANCELLED
+    assert (await loaded(docket, "next")).state is ExecutionState.COMPLETED
+    assert after == ["ran"]
+
+
+async def test_a_run_that_swallows_its_cancellation_does_not_pass_it_on(
+    docket: Docket,
+) -> None:
+    started = anyio.Event()
+    after: list[str] = []
+
+    async def stubborn() -> str:
+        started.set()
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            return "swallowed"
+        return "slept"
+
+    async def next_one() -> None:
+        await anyio.sleep(0.01)
+        after.append("ran")
+
+    await docket.add(stubborn, key="stubborn")()
+    worker = make_worker(docket, concurrency=1)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(worker.run_until_finished)
+            await started.wait()
+            await docket.cancel("stubborn")
+            await docket.add(next_one, key="next")()
+    assert (await loaded(docket, "next")).state is ExecutionState.COMPLETED
+    assert after == ["ran"]
+
+
+async def test_timed_out_runs_leave_the_runs_after_them_alone(docket: Docket) -> None:
+    finished: list[int] = []
+
+    async def slow(timeout: Timeout = Timeout(timedelta(milliseconds=30))) -> None:
+        await anyio.sleep(60)
+
+    async def quick(n: int) -> None:
+        await anyio.sleep(0.05)  # longer than the timeout before it
+        finished.append(n)
+
+    for n in range(3):
+        await docket.add(slow, key=f"slow-{n}")()
+        await docket.add(quick, key=f"quick-{n}")(n)
+    worker = make_worker(docket, concurrency=1)
+    await finish(worker, 5.0)
+    assert sorted(finished) == [0, 1, 2]
+    for n in range(3):
+        assert (await loaded(docket, f"slow-{n}")).state is ExecutionState.FAILED
+        assert (await loaded(docket, f"quick-{n}")).state is ExecutionState.COMPLETED
+
+
+# -- the event loop a worker runs on ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("loop", "expected"), [("asyncio", "asyncio"), ("uvloop", "uvloop"), ("trio", "trio")]
+)
+def test_run_sync_runs_the_worker_on_the_loop_it_names(loop: str, expected: str) -> None:
+    name = f"loops-{uuid.uuid4().hex}"
+    url = f"memory://{name}"
+
+    async def enqueue() -> None:
+        async with Docket(name=name, url=url) as docket:
+            docket.register(where)
+            await docket.add(where)()
+
+    anyio.run(enqueue)
+    LOOPS_SEEN.clear()
+    arguments = {
+        "docket_name": name,
+        "url": url,
+        "until_finished": True,
+        "tasks": [f"{__name__}:LOOP_TASKS"],
+        "schedule_automatic_tasks": False,
+        "handle_signals": False,
+    }
+    if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        # without the extra, asking for uvloop says how to get it
+        with pytest.raises(UsageError, match=r"docket\[uvloop\]"):
+            Worker.run_sync(loop=loop, **arguments)
+        assert LOOPS_SEEN == []
+        return
+    Worker.run_sync(loop=loop, **arguments)
+    assert LOOPS_SEEN == [expected]
+
+
+def test_an_unknown_loop_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="asyncio, uvloop, trio"):
+        loop_options("tokio")
