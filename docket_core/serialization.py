@@ -221,5 +221,11 @@ def _raw(value: Any) -> bytes:
 
 
 def describe(error: BaseException) -> str:
-    """``"Type: message"``, the form errors are recorded in."""
-    return f"{type(error).__name__}: {error}"
+    """``"Type: message"``, the form errors are recorded in; an exception whose
+    ``__str__`` itself raises reads as unprintable (a task's exception must
+    never stop the worker that records it)."""
+    try:
+        message = str(error)
+    except Exception:
+        message = "<unprintable>"
+    return f"{type(error).__name__}: {message}"

@@ -54,6 +54,31 @@ async def test_a_task_raising_cancelled_error_itself_fails_and_the_worker_goes_o
     assert await good.get_result() == "ok"
 
 
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this one")
+
+
+async def test_an_exception_whose_str_raises_fails_the_task_and_the_worker_goes_on(
+    docket: Docket,
+) -> None:
+    async def rude() -> None:
+        raise Unprintable()
+
+    async def fine() -> str:
+        return "ok"
+
+    await docket.add(rude, key="rude")()
+    await docket.add(fine, key="fine")()
+    with anyio.fail_after(10):
+        async with make_worker(docket) as worker:
+            await worker.run_until_finished()
+    failed = await docket.get_execution("rude")
+    assert failed is not None and failed.state is ExecutionState.FAILED
+    assert failed.error == "Unprintable: <unprintable>"
+    assert await state(docket, "fine") is ExecutionState.COMPLETED
+
+
 @pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt()])
 async def test_a_task_raising_system_exit_fails_then_the_worker_stops_after_draining(
     docket: Docket, raised: BaseException
