@@ -356,6 +356,9 @@ class Worker:
                 self._stopping.set()
                 self._finished.set()
                 raise
+            finally:
+                # a retired runner's scope is not kept for the worker's lifetime
+                self._background.remove(scope)
 
         group.start_soon(shielded)
 
