@@ -5,7 +5,9 @@
 names; ``@pytest.mark.backends(*names)`` narrows one test or module.  The
 stores: ``memory`` (docket_memory), ``redis``/``valkey`` (redis-py on a
 private redis-server/valkey-server), ``glide_redis``/``glide_valkey`` (GLIDE on
-the same servers).  redis-py has no trio support, so it runs under asyncio only.
+the same servers), ``redis_cluster``/``glide_cluster`` (both clients on a
+private 3-primary Valkey Cluster) and ``redis_sentinel`` (redis-py through
+private sentinels).  redis-py has no trio support, so it runs under asyncio only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ SERVER_BACKENDS = [
     "glide_valkey-asyncio",
     "glide_valkey-trio",
     "glide_redis-asyncio",
+]
+
+#: a 3-primary Valkey Cluster through each client, and a Sentinel set
+#: (primary, replica, three sentinels) through redis-py
+CLUSTER_BACKENDS = [
+    "redis_cluster-asyncio",
+    "glide_cluster-asyncio",
+    "redis_sentinel-asyncio",
 ]
 
 #: every backend: where a test that takes ``docket``, ``make_docket`` or

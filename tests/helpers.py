@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 import redis
-from servers import Server
+from servers import Servers
 
 from docket_core import Docket, Execution, Worker
 from docket_core.sansio.effects import AcquireSlot, Claim, ClaimItem
@@ -96,18 +96,33 @@ def acquisition(
     )
 
 
-def server_keys_left(server: Server, name: str) -> dict[str, int]:
-    """The docket's slot and wait keys on the server that still hold members."""
-    client = redis.Redis(host="127.0.0.1", port=server.port)  # sync: works under trio too
+def server_keys_left(server: Servers, name: str) -> dict[str, int]:
+    """The docket's slot and wait keys that still hold members, on every node
+    that holds data (a cluster's every primary, a sentinel set's primary)."""
+    left: dict[str, int] = {}
+    for port in server.data_ports():
+        client = redis.Redis(host="127.0.0.1", port=port)  # sync: works under trio too
+        try:
+            prefix = "{" + name + "}:"
+            for raw in client.scan_iter(match=prefix + "slots:*", count=1000):
+                left[raw.decode()] = left.get(raw.decode(), 0) + int(client.zcard(raw))
+            for raw in client.scan_iter(match=prefix + "wait:*", count=1000):
+                left[raw.decode()] = left.get(raw.decode(), 0) + _members(client, raw)
+            for key in (prefix + "parked", prefix + "stale"):
+                left[key] = left.get(key, 0) + _members(client, key.encode())
+        finally:
+            client.close()
+    return {key: n for key, n in left.items() if n}
+
+
+def _members(client: redis.Redis, key: bytes) -> int:
+    """How many members ``key`` holds, whatever its type (0 when absent, or
+    when it lives on another node of a cluster: MOVED)."""
     try:
-        prefix = "{" + name + "}:"
-        left: dict[str, int] = {}
-        for raw in client.scan_iter(match=prefix + "slots:*", count=1000):
-            left[raw.decode()] = int(client.zcard(raw))
-        for raw in client.scan_iter(match=prefix + "wait:*", count=1000):
-            left[raw.decode()] = int(client.llen(raw))
-        left[prefix + "parked"] = int(client.scard(prefix + "parked"))
-        left[prefix + "stale"] = int(client.zcard(prefix + "stale"))
-        return {key: n for key, n in left.items() if n}
-    finally:
-        client.close()
+        kind = client.type(key)
+    except redis.ResponseError:
+        return 0
+    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+    counts = {"list": client.llen, "set": client.scard, "zset": client.zcard, "hash": client.hlen}
+    count = counts.get(kind)
+    return 0 if count is None else int(count(key))

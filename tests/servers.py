@@ -86,6 +86,10 @@ class Server:
     def url(self) -> str:
         return f"{'redis' if self.tls is None else 'rediss'}://127.0.0.1:{self.port}/0"
 
+    def data_ports(self) -> list[int]:
+        """The ports whose keyspaces hold a docket's keys: this one."""
+        return [self.port]
+
     def start(self) -> Server:
         ports = ["--port", str(self.port)]
         if self.tls is not None:
@@ -335,6 +339,10 @@ class Cluster:
         """Every node's ``(host, port)``: the seeds a client starts from."""
         return [("127.0.0.1", node.port) for node in self.nodes]
 
+    def data_ports(self) -> list[int]:
+        """The ports whose keyspaces hold a docket's keys: every node's."""
+        return [node.port for node in self.nodes]
+
     def url(self, scheme: str = "redis+cluster") -> str:
         """``<scheme>://127.0.0.1:<port>,127.0.0.1:<port>,...``: every node as a seed."""
         return f"{scheme}://" + ",".join(f"{host}:{port}" for host, port in self.addresses)
@@ -486,6 +494,10 @@ class SentinelSet:
         reply = command(sentinel.port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
         return int(reply[1])
 
+    def data_ports(self) -> list[int]:
+        """The ports whose keyspaces hold a docket's keys: the primary's."""
+        return [self.primary().port]
+
     def primary(self) -> Server:
         """The data node the first sentinel names as the primary."""
         port = self._master_port(self.sentinel_nodes[0])
@@ -555,3 +567,7 @@ class SentinelSet:
             node.cleanup()
         self.sentinel_nodes.clear()
         self.data_nodes.clear()
+
+
+#: any of the server kinds a backend talks to
+Servers = Server | Cluster | SentinelSet

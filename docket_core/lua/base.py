@@ -77,8 +77,8 @@ SERVER_TICK = 0.1
 #: and the messages redis-py keeps once it has turned the code into a class
 #: (``OutOfMemoryError``: "command not allowed when used memory > ...")
 _TRANSIENT = re.compile(
-    r"\b(loading|busy|tryagain|masterdown|clusterdown|readonly|oom|noreplicas|unblocked)\b"
-    r"|is loading the dataset|busy running a script|command not allowed when used memory"
+    r"\b(loading|busy|tryagain|masterdown|clusterdown|readonly|oom|noreplicas|unblocked|moved|ask)\b"
+    r"|non local key|is loading the dataset|busy running a script|command not allowed when used memory"
     r"|read only replica|link with master is down|not enough good replicas",
     re.IGNORECASE,
 )

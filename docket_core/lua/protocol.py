@@ -99,6 +99,14 @@ class Layout:
         return f"{self.prefix}:due"
 
     @property
+    def fence(self) -> str:
+        """A key no script ever writes, declared by every call beside the
+        queue: on a cluster, while this prefix's slot is being moved, the
+        server answers TRYAGAIN (or ASK) to the whole call, so no script runs
+        on half a slot."""
+        return f"{self.prefix}:fence"
+
+    @property
     def strikes(self) -> str:
         return f"{self.prefix}:strikes"
 
@@ -121,7 +129,7 @@ class Layout:
         return self.prefix if scope is None else "{" + scope + "}"
 
     def call(self, name: str, *args: str | bytes) -> ScriptCall:
-        return ScriptCall(name=name, keys=(self.stream, self.due), args=(self.prefix, GROUP, *args))
+        return ScriptCall(name=name, keys=(self.stream, self.fence), args=(self.prefix, GROUP, *args))
 
     def remembered_call(
         self, name: str, request: Request | None, *args: str | bytes

