@@ -190,10 +190,17 @@ class Execution:
 
     async def sync(self) -> None:
         """Reload state and progress from the store."""
+        await self._reload()
+
+    async def _reload(self) -> bool:
+        """``sync``, saying whether the record it read had ended (the state
+        alone cannot say: another listener of this execution may apply an
+        event meanwhile, before the result is loaded)."""
         record = await self._docket.adapter.get_record(self._key)
         if record is not None:
             self._apply(record)
         self.progress._apply(await self._docket.adapter.get_progress(self._key))
+        return record is not None and record.state.terminal
 
     async def is_superseded(self) -> bool:
         """Whether a later ``replace`` (or a retry, a perpetual follow-up) of
@@ -254,8 +261,7 @@ class Execution:
             seconds = min(seconds, to_timestamp(deadline) - datetime.now(UTC).timestamp())
         with anyio.move_on_after(max(seconds, 0)):
             async with self._docket.adapter.subscribe(self._key) as events:
-                await self.sync()
-                if not self.state.terminal:
+                if not await self._reload():
                     async with anyio.create_task_group() as group:
                         group.start_soon(self._recheck, group.cancel_scope)
                         async for event in events:
