@@ -6,8 +6,9 @@ condition it checks is spelled out in the contract of an effect or a method
 here, and the memory adapter is the reference implementation of each.
 
 The docket URL picks the adapter: ``memory://name`` needs no server;
-``redis://``/``rediss://``/``unix://`` pick ``docket_redis``; ``glide://`` and
-``glides://`` pick ``docket_glide``.
+``redis://``/``rediss://``/``unix://``, ``redis+cluster://``/``rediss+cluster://``
+and ``redis+sentinel://`` pick ``docket_redis``; ``glide://``,
+``glides://``, ``glide+cluster://`` and ``glides+cluster://`` pick ``docket_glide``.
 """
 
 from __future__ import annotations
@@ -262,8 +263,13 @@ _SCHEMES: dict[str, tuple[str, str, str]] = {
     "redis": ("docket_redis", "RedisStore", "redis"),
     "rediss": ("docket_redis", "RedisStore", "redis"),
     "unix": ("docket_redis", "RedisStore", "redis"),
+    "redis+cluster": ("docket_redis", "RedisStore", "redis"),
+    "rediss+cluster": ("docket_redis", "RedisStore", "redis"),
+    "redis+sentinel": ("docket_redis", "RedisStore", "redis"),
     "glide": ("docket_glide", "GlideStore", "glide"),
     "glides": ("docket_glide", "GlideStore", "glide"),
+    "glide+cluster": ("docket_glide", "GlideStore", "glide"),
+    "glides+cluster": ("docket_glide", "GlideStore", "glide"),
 }
 
 

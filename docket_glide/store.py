@@ -8,33 +8,35 @@ and go, see ``docket_core.lua.fanout``).  Numbers go out as
 strings, scripts stay alive as module-level ``Script`` objects, server errors
 are matched by their message, and clients are created lazily, so a process
 that forks before using the docket never inherits one.
+
+On a cluster (``glide+cluster://``) every client is a ``GlideClusterClient``:
+GLIDE routes each call by its keys and follows MOVED and ASK; a fenced
+script on a moving slot gets TRYAGAIN, which GLIDE retries until the request
+timeout (``StoreUnavailable`` after it, and the core sends again).
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from importlib.metadata import version
-from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qsl, unquote, urlparse
+from typing import Any, TypeAlias
 
 import anyio
 from glide import (
-    AdvancedGlideClientConfiguration,
+    AllPrimaries,
     Batch,
+    BatchRetryStrategy,
     ClosingError,
+    ClusterBatch,
+    ClusterBatchOptions,
     ConfigurationError,
     GlideClient,
-    GlideClientConfiguration,
-    NodeAddress,
+    GlideClusterClient,
+    GlideClusterClientConfiguration,
     RequestError,
     Script,
-    ServerCredentials,
-    TlsAdvancedConfiguration,
 )
 from glide import ConnectionError as GlideConnectionError
 from glide import TimeoutError as GlideTimeoutError
@@ -46,11 +48,26 @@ from docket_core.lua.entries import text
 from docket_core.lua.protocol import GROUP, ScriptCall
 from docket_core.sansio.errors import StoreError, StoreUnavailable, UsageError
 
+from .configuration import (
+    REQUEST_TIMEOUT_MS,
+    TLS_OPTIONS,
+    Configuration,
+    configuration_from_url,
+)
+
+__all__ = [
+    "REQUEST_TIMEOUT_MS",
+    "TLS_OPTIONS",
+    "GlideStore",
+    "InFlight",
+    "configuration_from_url",
+]
+
+#: either kind of GLIDE client: one server, or a cluster
+Client: TypeAlias = GlideClient | GlideClusterClient
+
 #: kept alive for the life of the process: GLIDE reloads scripts from these
 _SCRIPTS = {name: Script(source) for name, source in SCRIPTS.items()}  # type: ignore[no-untyped-call]
-
-#: above the slowest script or batch we run; blocking reads get their own timeout
-REQUEST_TIMEOUT_MS = 10_000
 
 _FAILURES = (GlideConnectionError, GlideTimeoutError, ClosingError, OSError)
 
@@ -59,9 +76,11 @@ GLIDE_INFLIGHT_LIMIT = 1000
 
 
 def _store_error(error: Exception, what: str) -> StoreError:
-    """A lost connection or a "not now" reply (loading, failover) is
-    ``StoreUnavailable``; any other error reply is ``StoreError``."""
-    if isinstance(error, RequestError):
+    """A lost connection, a timeout or a "not now" reply (loading, failover;
+    on a cluster MOVED, ASK, TRYAGAIN, CLUSTERDOWN) is ``StoreUnavailable``;
+    any other error reply is ``StoreError``.  (GLIDE's ``TimeoutError`` and
+    ``ConnectionError`` are ``RequestError``s: they are checked first.)"""
+    if isinstance(error, RequestError) and not isinstance(error, _FAILURES):
         return reply_error(str(error), what, "the server")
     return StoreUnavailable(f"server unavailable: {error}")
 
@@ -110,131 +129,7 @@ class InFlight:
             self._free += 1
 
 
-#: URL query option -> TLS setting; redis-py's spellings work too, so one
-#: ``?ssl_ca_certs=...`` URL serves ``rediss://`` and ``glides://``
-TLS_OPTIONS = {
-    "tls_ca_certs": "ca",
-    "ssl_ca_certs": "ca",
-    "tls_certfile": "cert",
-    "ssl_certfile": "cert",
-    "tls_keyfile": "key",
-    "ssl_keyfile": "key",
-    "tls_insecure": "insecure",
-    "ssl_cert_reqs": "cert_reqs",
-}
-_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
-
-
-def configuration_from_url(url: str, **extra: Any) -> GlideClientConfiguration:
-    """``glide://[user:password@]host:port[/db]``; ``glides://`` for TLS, with
-    ``?tls_ca_certs=ca.pem&tls_certfile=cert.pem&tls_keyfile=key.pem`` and
-    ``tls_insecure=true`` (or redis-py's ``ssl_ca_certs``, ``ssl_certfile``,
-    ``ssl_keyfile``, ``ssl_cert_reqs=none``)."""
-    parsed = urlparse(url)
-    if parsed.scheme not in ("glide", "glides"):
-        raise UsageError(f"not a glide:// or glides:// URL: {url!r}")
-    tls = _tls_configuration(parsed.query, parsed.scheme == "glides")
-    if tls is not None:
-        if "advanced_config" in extra:
-            raise UsageError("give TLS options in the URL or in advanced_config, not both")
-        extra["advanced_config"] = AdvancedGlideClientConfiguration(tls_config=tls)
-    credentials = None
-    if parsed.password is not None:
-        credentials = ServerCredentials(
-            password=unquote(parsed.password),
-            username=unquote(parsed.username) if parsed.username else None,
-        )
-    database = parsed.path.strip("/")
-    try:
-        database_id = int(database) if database else None
-        port = parsed.port or 6379
-    except ValueError as error:
-        raise UsageError(f"not a usable GLIDE URL: {url!r} ({error})") from error
-    return GlideClientConfiguration(
-        [NodeAddress(parsed.hostname or "localhost", port)],
-        use_tls=parsed.scheme == "glides",
-        credentials=credentials,
-        database_id=database_id,
-        request_timeout=REQUEST_TIMEOUT_MS,
-        **extra,
-    )
-
-
-def _tls_configuration(query: str, use_tls: bool) -> TlsAdvancedConfiguration | None:
-    """The TLS settings of a URL's query (``TLS_OPTIONS``), read and checked."""
-    settings: dict[str, tuple[str, str]] = {}
-    unknown = []
-    for option, value in parse_qsl(query, keep_blank_values=True):
-        setting = TLS_OPTIONS.get(option)
-        if setting is None:
-            unknown.append(option)
-        elif setting in settings:
-            raise UsageError(f"{settings[setting][0]!r} and {option!r} set the same thing")
-        else:
-            settings[setting] = (option, value)
-    if unknown:
-        raise UsageError(
-            f"unknown option(s) in the GLIDE URL: {', '.join(map(repr, unknown))} "
-            f"(known: {', '.join(TLS_OPTIONS)})"
-        )
-    if not settings:
-        return None
-    if not use_tls:
-        options = ", ".join(option for option, _ in settings.values())
-        raise UsageError(f"TLS options need a glides:// URL: {options}")
-    insecure = _insecure(settings)
-    if ("cert" in settings) != ("key" in settings):
-        raise UsageError("a client certificate needs both tls_certfile and tls_keyfile")
-    certificate: dict[str, bytes] = {}
-    if "cert" in settings:
-        if "client_cert_pem" not in inspect.signature(TlsAdvancedConfiguration).parameters:
-            raise UsageError(
-                f"valkey-glide {version('valkey-glide')} cannot present a client "
-                "certificate (tls_certfile, tls_keyfile): upgrade valkey-glide"
-            )
-        certificate = {
-            "client_cert_pem": _pem(*settings["cert"]),
-            "client_key_pem": _pem(*settings["key"]),
-        }
-    ca = settings.get("ca")
-    return TlsAdvancedConfiguration(
-        use_insecure_tls=insecure or None,
-        root_pem_cacerts=_pem(*ca) if ca else None,
-        **certificate,
-    )
-
-
-def _insecure(settings: dict[str, tuple[str, str]]) -> bool:
-    """``tls_insecure=true`` or ``ssl_cert_reqs=none``: no certificate checks."""
-    insecure = False
-    if "insecure" in settings:
-        option, value = settings["insecure"]
-        if value.lower() not in _TRUE + _FALSE:
-            raise UsageError(f"{option} takes true or false, not {value!r}")
-        insecure = value.lower() in _TRUE
-    if "cert_reqs" in settings:
-        option, value = settings["cert_reqs"]
-        reqs = value.lower().removeprefix("cert_")
-        if reqs not in ("none", "required"):
-            raise UsageError(
-                f"{option}={value} has no GLIDE equivalent: GLIDE checks the server's "
-                "certificate (required) or not at all (none)"
-            )
-        insecure = insecure or reqs == "none"
-    return insecure
-
-
-def _pem(option: str, path: str) -> bytes:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as error:
-        raise UsageError(f"cannot read {option}={path}: {error.strerror}") from error
-    if not data.strip():
-        raise UsageError(f"{option}={path} is empty")
-    return data
-
-
-def _connect_error(error: Exception, configuration: GlideClientConfiguration) -> Exception:
+def _connect_error(error: Exception, configuration: Configuration) -> Exception:
     """The docket error for a client GLIDE could not create."""
     refusal = acl_refusal(str(error), "connecting", _user(configuration))
     if refusal is not None:
@@ -253,12 +148,19 @@ def _connect_error(error: Exception, configuration: GlideClientConfiguration) ->
     return StoreUnavailable(message)
 
 
-def _user(configuration: GlideClientConfiguration) -> str | None:
+def _user(configuration: Configuration) -> str | None:
     credentials = configuration.credentials
     return None if credentials is None else credentials.username or "default"
 
 
-async def _refused_on_connect(configuration: GlideClientConfiguration) -> str | None:
+async def _create(configuration: Configuration) -> Client:
+    """A new client of the configuration's kind (one server, or a cluster)."""
+    if isinstance(configuration, GlideClusterClientConfiguration):
+        return await GlideClusterClient.create(configuration)
+    return await GlideClient.create(configuration)
+
+
+async def _refused_on_connect(configuration: Configuration) -> str | None:
     """The ACL refusal of ``SELECT`` or ``CLIENT SETNAME`` that failed a connect:
     GLIDE reports those as a timeout, so a client without them tries them."""
     probes = []
@@ -271,7 +173,7 @@ async def _refused_on_connect(configuration: GlideClientConfiguration) -> str | 
     plain = copy.copy(configuration)
     plain.database_id = plain.client_name = plain.pubsub_subscriptions = None
     try:
-        client = await GlideClient.create(plain)
+        client = await _create(plain)
     except (*_FAILURES, RequestError):
         return None
     try:
@@ -287,40 +189,72 @@ async def _refused_on_connect(configuration: GlideClientConfiguration) -> str | 
     return None
 
 
+#: a cluster batch retries the commands the server answered "not now"
+#: (TRYAGAIN while their slot moves) until the request timeout, as GLIDE
+#: does for a single script: every docket script declares a fence, so such
+#: a command did not run
+_CLUSTER_BATCH = ClusterBatchOptions(retry_strategy=BatchRetryStrategy(retry_server_error=True))
+
+
+def _same_slot_groups(calls: Sequence[ScriptCall]) -> Iterator[Sequence[ScriptCall]]:
+    """Consecutive calls whose first keys share their hash tag (``{...}``):
+    a cluster runs each group on one node in order, and the groups one after
+    another (a pipeline across nodes has no order)."""
+    start = 0
+    tag = _tag(calls[0])
+    for index in range(1, len(calls)):
+        next_tag = _tag(calls[index])
+        if next_tag != tag:
+            yield calls[start:index]
+            start, tag = index, next_tag
+    yield calls[start:]
+
+
+def _tag(call: ScriptCall) -> str:
+    key = call.keys[0] if call.keys else ""
+    return key.partition("}")[0] if key.startswith("{") else key
+
+
 class GlideStore(ScriptedStore):
     """A docket on Valkey or Redis through Valkey GLIDE.
 
-    ``GlideStore.from_url("glide://host:6379/0", name=...)``, or
+    ``GlideStore.from_url("glide://host:6379/0", name=...)`` (or
+    ``glide+cluster://h1:p1,h2:p2`` for a cluster), or
     ``GlideStore(configuration, name=..., client=existing)`` with a client the
     application already has (it is used for commands and scripts; blocking
     reads and listeners get clients of their own, built from ``configuration``).
+    A ``GlideClusterClientConfiguration`` takes a ``GlideClusterClient``.
     """
 
     def __init__(
         self,
-        configuration: GlideClientConfiguration,
+        configuration: Configuration,
         *,
         name: str,
-        client: GlideClient | None = None,
+        client: Client | None = None,
     ) -> None:
         super().__init__(name=name)
+        self.cluster = isinstance(configuration, GlideClusterClientConfiguration)
+        if client is not None and isinstance(client, GlideClusterClient) != self.cluster:
+            kind = "GlideClusterClient" if self.cluster else "GlideClient"
+            raise UsageError(f"this configuration takes a {kind}, not a {type(client).__name__}")
         self.configuration = configuration
         self.client = client
         self._owned = client is None
-        self._readers: list[GlideClient] = []
+        self._readers: list[Client] = []
 
     @classmethod
     def from_url(cls, url: str, *, name: str) -> GlideStore:
         return cls(configuration_from_url(url), name=name)
 
-    async def _connect(self) -> GlideClient:
+    async def _connect(self) -> Client:
         """A client of its own: all of ``configuration`` (TLS, credentials,
         database, timeouts, advanced settings), without its subscriptions
         (the shared subscriber subscribes on a live client)."""
         configuration = copy.copy(self.configuration)
         configuration.pubsub_subscriptions = None
         try:
-            return await GlideClient.create(configuration)
+            return await _create(configuration)
         except (*_FAILURES, RequestError) as error:
             failure = _connect_error(error, configuration)
             if isinstance(failure, StoreUnavailable) and "timed out" in str(error):
@@ -328,7 +262,7 @@ class GlideStore(ScriptedStore):
                 failure = failure if refusal is None else StoreError(refusal)
             raise failure from error
 
-    async def _main(self) -> GlideClient:
+    async def _main(self) -> Client:
         if self.client is None:
             self.client = await self._connect()
         return self.client
@@ -359,7 +293,7 @@ class GlideStore(ScriptedStore):
         return self._inflight
 
     @asynccontextmanager
-    async def _request(self, what: str = "a command") -> AsyncIterator[GlideClient]:
+    async def _request(self, what: str = "a command") -> AsyncIterator[Client]:
         """The main client, for one request, its errors translated, once it
         is the request's turn (``_inflight``)."""
         inflight = self._limiter()
@@ -381,23 +315,25 @@ class GlideStore(ScriptedStore):
             try:
                 return await self._run(client, calls)
             except RequestError as error:
-                if "noscript" not in str(error).lower():
+                if "noscript" not in str(error).lower() or isinstance(error, _FAILURES):
                     raise
-                # the server lost its scripts (a restart): load them, try again;
-                # calls of the batch that ran answer a resend with their outcome
-                for source in SCRIPTS.values():
-                    await client.custom_command(["SCRIPT", "LOAD", source])
+                # the server lost its scripts (a restart; on a cluster, also a
+                # new primary): load them, try again; calls of the batch that
+                # ran answer a resend with their outcome
+                await _load_scripts(client)
                 return await self._run(client, calls)
         except (*_FAILURES, RequestError) as error:
             raise _store_error(error, "a docket script") from error
         finally:
             inflight.release()
 
-    async def _run(self, client: GlideClient, calls: Sequence[ScriptCall]) -> list[Any]:
+    async def _run(self, client: Client, calls: Sequence[ScriptCall]) -> list[Any]:
         if len(calls) == 1:
             call = calls[0]
             script = _SCRIPTS[call.name]
             return [await client.invoke_script(script, keys=call.keys, args=call.args)]  # type: ignore[arg-type]
+        if isinstance(client, GlideClusterClient):
+            return await _run_on_cluster(client, calls)
         return await self._batch(client, calls)
 
     async def _batch(self, client: GlideClient, calls: Sequence[ScriptCall]) -> list[Any]:
@@ -439,7 +375,8 @@ class GlideStore(ScriptedStore):
             self._readers.append(reader)
             if "NOGROUP" in str(error):
                 return None  # the next read script creates the group
-            raise StoreError(str(error)) from error
+            # on a cluster, TRYAGAIN while the docket's slot moves: not now
+            raise _store_error(error, "a blocking read") from error
         except BaseException:
             # cancelled mid-read: the connection may still deliver the reply
             await reader.close()
@@ -450,11 +387,18 @@ class GlideStore(ScriptedStore):
     async def acknowledge(self, stream: str, ids: Sequence[str]) -> None:
         # one transaction: an entry acknowledged but not deleted (the
         # connection lost between the two) would stay in the stream for good
-        batch = Batch(is_atomic=True)
-        batch.xack(stream, GROUP, list(ids))
-        batch.xdel(stream, list(ids))
+        # (one key: on a cluster, one slot)
         async with self._request() as client:
-            await client.exec(batch, raise_on_error=True)
+            if isinstance(client, GlideClusterClient):
+                on_cluster = ClusterBatch(is_atomic=True)
+                on_cluster.xack(stream, GROUP, list(ids))
+                on_cluster.xdel(stream, list(ids))
+                await client.exec(on_cluster, raise_on_error=True)
+            else:
+                batch = Batch(is_atomic=True)
+                batch.xack(stream, GROUP, list(ids))
+                batch.xdel(stream, list(ids))
+                await client.exec(batch, raise_on_error=True)
 
     async def hash_fields(self, key: str) -> list[Any]:
         async with self._request() as client:
@@ -473,19 +417,51 @@ class GlideStore(ScriptedStore):
 
     async def append_strike(self, data: bytes) -> str:
         async with self._request() as client:
-            entry_id = await client.custom_command(["XADD", self.layout.strikes, "*", "i", data])
+            entry_id: Any = await client.custom_command(
+                ["XADD", self.layout.strikes, "*", "i", data]
+            )
         return text(entry_id)
 
     async def subscriber(self) -> _Subscriber:
         # subscriptions made on the client (GLIDE >= 2.1) are kept across its
-        # reconnections, like those of its configuration
+        # reconnections, like those of its configuration; on a cluster the
+        # client subscribes on one node, which every node's PUBLISH reaches
         return _Subscriber(await self._connect())
+
+
+async def _run_on_cluster(client: GlideClusterClient, calls: Sequence[ScriptCall]) -> list[Any]:
+    """The calls on a cluster: a pipeline per same-slot group (one node
+    each), the groups in order."""
+    replies: list[Any] = []
+    for group in _same_slot_groups(calls):
+        if len(group) == 1:
+            call = group[0]
+            script = _SCRIPTS[call.name]
+            replies.append(await client.invoke_script(script, keys=call.keys, args=call.args))  # type: ignore[arg-type]
+            continue
+        batch = ClusterBatch(is_atomic=False)
+        for call in group:
+            script = _SCRIPTS[call.name]
+            batch.custom_command(
+                ["EVALSHA", script.get_hash(), str(len(call.keys)), *call.keys, *call.args]
+            )
+        replies += await client.exec(batch, raise_on_error=True, options=_CLUSTER_BATCH) or []
+    return replies
+
+
+async def _load_scripts(client: Client) -> None:
+    """``SCRIPT LOAD`` every docket script (on a cluster, on every primary)."""
+    for source in SCRIPTS.values():
+        if isinstance(client, GlideClusterClient):
+            await client.custom_command(["SCRIPT", "LOAD", source], route=AllPrimaries())
+        else:
+            await client.custom_command(["SCRIPT", "LOAD", source])
 
 
 class _Subscriber:
     """A GLIDE client in subscriber mode, as the ``Fanout``'s subscriber."""
 
-    def __init__(self, client: GlideClient) -> None:
+    def __init__(self, client: Client) -> None:
         self._client = client
         #: subscriptions go out one at a time, so they reach the client's
         #: desired state in the order they were made

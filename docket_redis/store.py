@@ -1,139 +1,194 @@
-"""The redis-py (asyncio) client primitives under ``ScriptedStore``."""
+"""The redis-py (asyncio) client primitives under ``ScriptedStore``.
+
+One store speaks to one server (``redis.asyncio.Redis``), a cluster
+(``RedisCluster``) or a sentinel-managed primary (``Sentinel.master_for``);
+``urls`` builds the client from the docket URL.  What differs:
+
+- Cluster: every call declares ``{P}:q`` and ``{P}:fence`` (``Layout.call``),
+  so redis-py routes it and the server refuses it (TRYAGAIN) while its slot
+  moves.  A batch goes out as consecutive same-slot pipelines, one after the
+  other.  ``XACK``+``XDEL`` go in a plain pipeline: redis-py 8.1's cluster
+  ``MULTI`` queues each command through a thread running its own event loop,
+  which re-initializes the client there after a connection error.
+- Sentinel: every round trip that may write ends with ``WAIT``; fewer
+  replicas than asked is a lost reply, and any lost reply drops the pool's
+  connections so the next one asks the sentinels for the primary.
+"""
 
 from __future__ import annotations
 
 import hashlib
-import inspect
-import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, TypeVar
 
 import anyio
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import SentinelConnectionPool
 
 from docket_core.lua import SCRIPTS
 from docket_core.lua.base import ScriptedStore, reply_error
 from docket_core.lua.entries import text
 from docket_core.lua.protocol import GROUP, ScriptCall
-from docket_core.sansio.errors import StoreError, StoreUnavailable, UsageError
+from docket_core.sansio.errors import StoreError, StoreUnavailable
+
+from .urls import MAX_CONNECTIONS, POOL_TIMEOUT, WAIT_TIMEOUT_MS, client_for_url
+
+__all__ = ["MAX_CONNECTIONS", "POOL_TIMEOUT", "RedisStore"]
 
 _SHAS = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in SCRIPTS.items()}
 
 _FAILURES = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+#: a cluster in motion (a failover, a slot moving, a node unreachable):
+#: ``ClusterDownError`` and ``MasterDownError`` are ``ClusterError``s,
+#: ``MovedError`` an ``AskError``; redis-py retried them before raising
+_CLUSTER_IN_MOTION = (
+    redis_errors.ClusterError,
+    redis_errors.SlotNotCoveredError,
+    redis_errors.TryAgainError,
+    redis_errors.AskError,
+)
 
-#: connections of a pool ``from_url`` makes (a worker takes two or three: its
-#: blocking read, its effects, the shared pub/sub connection); commands past
-#: it wait up to ``POOL_TIMEOUT`` seconds for one
-MAX_CONNECTIONS = 50
-POOL_TIMEOUT = 30.0
+#: how long a cluster call is sent again while its slot moves (GLIDE waits
+#: out TRYAGAIN by itself, up to its request timeout), before the store
+#: reports it unavailable (and the worker backs off)
+MOVE_PATIENCE = 2.0
 #: the longest a subscription waits for the server's confirmation
 SUBSCRIBE_TIMEOUT = 10.0
 
 
 @contextmanager
 def _store_errors(what: str = "a command") -> Iterator[None]:
-    """A lost connection or a "not now" reply (loading, failover) is
-    ``StoreUnavailable``; any other error reply is ``StoreError``."""
+    """A lost connection, a "not now" reply (loading, failover) or a cluster
+    in motion is ``StoreUnavailable``; any other error is ``StoreError``."""
     try:
         yield
     except _FAILURES as error:
         raise StoreUnavailable(f"Redis unavailable: {error}") from error
+    except _CLUSTER_IN_MOTION as error:
+        raise StoreUnavailable(f"the Redis cluster is changing: {error}") from error
     except redis_errors.ResponseError as error:
         raise reply_error(str(error), what, "Redis") from error
+    except redis_errors.RedisClusterException as error:
+        # a client-side refusal (a command across slots, no node for a command)
+        raise StoreError(f"redis-py refused {what}: {error}") from error
 
 
-#: GLIDE's spellings of redis-py's TLS options (``docket_glide.store.TLS_OPTIONS``)
-_TLS_SPELLINGS = {
-    "tls_ca_certs": "ssl_ca_certs",
-    "tls_certfile": "ssl_certfile",
-    "tls_keyfile": "ssl_keyfile",
-}
-_TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+def _may_write(call: ScriptCall) -> bool:
+    """Whether a call may write (all but the inspecting ones)."""
+    if call.name == "inspect":
+        return False
+    return not (call.name == "dead" and call.args[2] in ("list", b"list"))
 
 
-def _redis_py_url(url: str) -> str:
-    """``url`` with GLIDE's TLS spellings (``tls_ca_certs``, ``tls_insecure=true``
-    ...) turned into redis-py's, and its TLS files checked for readability."""
-    parsed = urlsplit(url)
-    options = parse_qsl(parsed.query, keep_blank_values=True)
-    for option, value in options:
-        if option in _TLS_FILES + tuple(_TLS_SPELLINGS) and not os.access(value, os.R_OK):
-            raise UsageError(f"cannot read {option}={value}")
-    if not any(option in _TLS_SPELLINGS or option == "tls_insecure" for option, _ in options):
-        return url
-    translated: list[tuple[str, str]] = []
-    for option, value in options:
-        if option == "tls_insecure":
-            if value.lower() not in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-                raise UsageError(f"tls_insecure takes true or false, not {value!r}")
-            if value.lower() in ("true", "1", "yes", "on"):
-                translated += [("ssl_cert_reqs", "none"), ("ssl_check_hostname", "false")]
-        else:
-            translated.append((_TLS_SPELLINGS.get(option, option), value))
-    return urlunsplit(parsed._replace(query=urlencode(translated)))
+def _raise_first(replies: Sequence[Any]) -> None:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
 
 
-def _unknown_options(pool: aioredis.ConnectionPool) -> str:
-    """What is wrong with URL options no connection of ``pool`` takes ("" if
-    none; redis-py itself would only fail on connecting)."""
-    accepted: set[str] = set()
-    for klass in pool.connection_class.__mro__[:-1]:
-        init = vars(klass).get("__init__")
-        if init is not None:
-            accepted |= set(inspect.signature(init).parameters)
-    unknown = sorted(set(pool.connection_kwargs) - accepted)
-    if not unknown:
-        return ""
-    tls = any(option.startswith("ssl_") for option in unknown)
-    return f"unknown option(s) in the Redis URL: {', '.join(map(repr, unknown))}" + (
-        " (TLS options need rediss://)" if tls else ""
-    )
+async def _send_group(cluster: RedisCluster, group: Sequence[ScriptCall]) -> list[Any]:
+    """Same-slot calls in one round trip to their node."""
+    if len(group) == 1:
+        call = group[0]
+        reply: Any = await cluster.evalsha(_SHAS[call.name], len(call.keys), *call.keys, *call.args)
+        return [reply]
+    pipe = cluster.pipeline()
+    for call in group:
+        # (``pipe.evalsha`` is blocked on a cluster pipeline; the command is not)
+        pipe.execute_command("EVALSHA", _SHAS[call.name], len(call.keys), *call.keys, *call.args)
+    replies: list[Any] = await pipe.execute(raise_on_error=False)
+    _raise_first(replies)
+    return replies
+
+
+_Result = TypeVar("_Result")
+
+
+async def _patiently(send: Callable[..., Awaitable[_Result]], *args: Any) -> _Result:
+    """``send(*args)``, sent again while the cluster is in motion (a slot moving:
+    TRYAGAIN; a failover), for up to ``MOVE_PATIENCE`` seconds.  redis-py
+    gives up on TRYAGAIN after a few hundred ms; a refused command did not
+    run, and any store call may be resent anyway (memos)."""
+    deadline = time.monotonic() + MOVE_PATIENCE
+    delay = 0.02
+    while True:
+        try:
+            return await send(*args)
+        except _CLUSTER_IN_MOTION:
+            if time.monotonic() + delay > deadline:
+                raise
+            await anyio.sleep(delay)
+            delay = min(2 * delay, 0.25)
 
 
 class RedisStore(ScriptedStore):
     """A docket on Redis or Valkey through redis-py.
 
-    ``RedisStore.from_url("redis://host:6379/0", name=...)`` (also ``rediss://``
-    for TLS and ``unix://``; user and password go in the URL), or
-    ``RedisStore(client, name=...)`` with a ``redis.asyncio.Redis`` the
-    application already has (its pool is used as it is; blocking reads need
-    ``socket_timeout=None`` or a timeout above the worker's check interval).
+    ``RedisStore.from_url(url, name=...)`` with any URL form of ``urls``
+    (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
+    ``rediss+cluster://``, ``redis+sentinel://``), or
+    ``RedisStore(client, name=...)`` with a ``redis.asyncio.Redis`` or
+    ``RedisCluster`` the application already has (its pool is used as it is;
+    blocking reads need ``socket_timeout=None`` or a timeout above the
+    worker's check interval).  ``wait_replicas`` (sentinel URLs: 1) makes each
+    round trip that may write end with ``WAIT wait_replicas wait_timeout_ms``.
     """
 
-    def __init__(self, client: aioredis.Redis, *, name: str, owned: bool = False) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis | RedisCluster,
+        *,
+        name: str,
+        owned: bool = False,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = WAIT_TIMEOUT_MS,
+        max_commands: int | None = None,
+    ) -> None:
         super().__init__(name=name)
         self.client = client
         self._owned = owned
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        self._max_commands = max_commands
+        self._commands: anyio.Semaphore | None = None
+        self._cluster = client if isinstance(client, RedisCluster) else None
+        self._sentinel = isinstance(
+            getattr(client, "connection_pool", None), SentinelConnectionPool
+        )
 
     @classmethod
     def from_url(cls, url: str, *, name: str) -> RedisStore:
-        """A bounded pool: past ``MAX_CONNECTIONS`` commands wait (up to
+        """The client of the URL's form (``urls``): for one server a bounded
+        pool, where past ``MAX_CONNECTIONS`` commands wait (up to
         ``POOL_TIMEOUT``) for a connection instead of failing; the URL's
         ``?max_connections=...&timeout=...`` override both.  ``rediss://``
         takes redis-py's ``ssl_*`` options and GLIDE's ``tls_*`` spellings."""
-        try:
-            # no socket timeout: redis-py 8's 5 s default breaks blocking reads
-            pool = aioredis.BlockingConnectionPool.from_url(
-                _redis_py_url(url),
-                max_connections=MAX_CONNECTIONS,
-                timeout=POOL_TIMEOUT,
-                socket_timeout=None,
-                decode_responses=False,
-            )
-        except ValueError as error:
-            raise UsageError(f"not a usable Redis URL: {url!r} ({error})") from error
-        unknown = _unknown_options(pool)
-        if unknown:
-            raise UsageError(unknown)
-        return cls(aioredis.Redis.from_pool(pool), name=name, owned=True)
+        built = client_for_url(url)
+        return cls(
+            built.client,
+            name=name,
+            owned=True,
+            wait_replicas=built.wait_replicas,
+            wait_timeout_ms=built.wait_timeout_ms,
+            max_commands=built.max_commands,
+        )
 
     async def open(self) -> None:
+        if self._max_commands is not None:
+            self._commands = anyio.Semaphore(self._max_commands)
         try:
             with _store_errors("PING (connecting)"):
+                if self._cluster is not None:
+                    try:
+                        await self._cluster.initialize()
+                    except redis_errors.RedisClusterException as error:
+                        # (no seed reachable, or the slots not all covered)
+                        raise redis_errors.ConnectionError(str(error)) from error
                 await self.client.ping()
         except StoreUnavailable as error:
             raise StoreUnavailable(f"cannot reach Redis: {error.__cause__}") from error.__cause__
@@ -142,25 +197,48 @@ class RedisStore(ScriptedStore):
         await self.close_listeners()
         if self._owned:
             await self.client.aclose()
+            if self._sentinel:  # and its connections to the sentinels
+                await self.client.connection_pool.sentinel_manager.aclose()  # type: ignore[union-attr]
+
+    @asynccontextmanager
+    async def _turn(self) -> AsyncIterator[None]:
+        """Hold one of the store's command turns (clusters and sentinels,
+        whose pools fail when full, instead of waiting)."""
+        if self._commands is None:
+            yield
+            return
+        async with self._commands:
+            yield
 
     # -- primitives ---------------------------------------------------------------
 
     async def run_calls(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        with _store_errors("a docket script"):
+        async with self._turn():
             try:
-                return await self._evalsha(calls)
-            except redis_errors.ResponseError as error:
-                # (NoScriptError, or a NOSCRIPT reply inside a pipeline)
-                noscript = isinstance(error, redis_errors.NoScriptError)
-                if not noscript and "noscript" not in str(error).lower():
-                    raise
-                # the server lost its scripts (a restart): load them, try again;
-                # calls of the batch that ran answer a resend with their outcome
-                await self._load_scripts()
-                return await self._evalsha(calls)
+                with _store_errors("a docket script"):
+                    try:
+                        return await self._evalsha(calls)
+                    except redis_errors.ResponseError as error:
+                        # (NoScriptError, or a NOSCRIPT reply inside a pipeline)
+                        noscript = isinstance(error, redis_errors.NoScriptError)
+                        if not noscript and "noscript" not in str(error).lower():
+                            raise
+                        # the server lost its scripts (a restart, a new primary, a
+                        # slot moved to a node that never ran them): load them (on
+                        # every primary of a cluster), try again; calls of the
+                        # batch that ran answer a resend with their outcome
+                        await self._load_scripts()
+                        return await self._evalsha(calls)
+            except StoreUnavailable:
+                if self._sentinel or self.wait_replicas:
+                    await self._forget_primary()
+                raise
 
     async def _evalsha(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        if len(calls) == 1:
+        if self._cluster is not None:
+            return await self._evalsha_by_slot(self._cluster, calls)
+        wait = self.wait_replicas > 0 and any(_may_write(call) for call in calls)
+        if len(calls) == 1 and not wait:
             call = calls[0]
             reply: Any = await self.client.evalsha(
                 _SHAS[call.name], len(call.keys), *call.keys, *call.args
@@ -169,11 +247,45 @@ class RedisStore(ScriptedStore):
         pipe = self.client.pipeline(transaction=False)
         for call in calls:
             pipe.evalsha(_SHAS[call.name], len(call.keys), *call.keys, *call.args)
+        if wait:
+            pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
         replies: list[Any] = await pipe.execute(raise_on_error=False)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
+        if not wait:
+            _raise_first(replies)
+            return replies
+        acknowledged = replies.pop()
+        _raise_first(replies)
+        if isinstance(acknowledged, Exception) or int(acknowledged) < self.wait_replicas:
+            # (a replica answers WAIT with an error) the write may be lost
+            # with a primary that was failed over: the core resends it
+            reached = acknowledged if isinstance(acknowledged, int) else 0
+            raise StoreUnavailable(f"the write reached only {reached} replicas")
         return replies
+
+    async def _evalsha_by_slot(
+        self, cluster: RedisCluster, calls: Sequence[ScriptCall]
+    ) -> list[Any]:
+        """The calls in consecutive same-slot groups, a round trip each, in
+        order (a cluster pipeline sends to its nodes in parallel)."""
+        replies: list[Any] = []
+        start = 0
+        while start < len(calls):
+            slot = cluster.keyslot(calls[start].keys[0])
+            end = start + 1
+            while end < len(calls) and cluster.keyslot(calls[end].keys[0]) == slot:
+                end += 1
+            group = calls[start:end]
+            replies += await _patiently(_send_group, cluster, group)
+            start = end
+        return replies
+
+    async def _forget_primary(self) -> None:
+        """Drop every connection of the sentinel pool (blocked reads too): the
+        next one asks the sentinels which server is the primary now."""
+        try:
+            await self.client.connection_pool.disconnect()  # type: ignore[union-attr]
+        except Exception:
+            pass
 
     async def _load_scripts(self) -> None:
         for source in SCRIPTS.values():
@@ -183,20 +295,24 @@ class RedisStore(ScriptedStore):
         self, worker: str, count: int, block_ms: int
     ) -> dict[str, list[tuple[Any, list[Any]]]] | None:
         layout = self.layout
-        try:
-            reply: Any = await self.client.xreadgroup(
+
+        async def xreadgroup() -> Any:
+            # (one slot on a cluster: both streams share the docket's tag)
+            return await self.client.xreadgroup(
                 GROUP,
                 worker,
                 {layout.stream: ">", layout.wake_stream: ">"},
                 count=count,
                 block=block_ms,
             )
-        except _FAILURES as error:
-            raise StoreUnavailable(f"Redis unavailable: {error}") from error
-        except redis_errors.ResponseError as error:
-            if "NOGROUP" in str(error):
-                return None  # the next read script creates the group
-            raise StoreError(str(error)) from error
+
+        with _store_errors("XREADGROUP"):
+            try:
+                reply = await (_patiently(xreadgroup) if self._cluster else xreadgroup())
+            except redis_errors.ResponseError as error:
+                if "NOGROUP" in str(error):
+                    return None  # the next read script creates the group
+                raise
         read: dict[str, list[tuple[Any, list[Any]]]] = {}
         streams = reply.items() if isinstance(reply, dict) else (reply or [])
         for stream, stream_entries in streams:
@@ -209,25 +325,30 @@ class RedisStore(ScriptedStore):
         return read
 
     async def acknowledge(self, stream: str, ids: Sequence[str]) -> None:
-        with _store_errors():
-            # one transaction: an entry acknowledged but not deleted (the
-            # connection lost between the two) would stay in the stream for good
-            pipe = self.client.pipeline(transaction=True)
-            pipe.xack(stream, GROUP, *ids)
-            pipe.xdel(stream, *ids)
-            await pipe.execute()
+        async with self._turn():
+            with _store_errors():
+                # one transaction: an entry acknowledged but not deleted (the
+                # connection lost between the two) would stay in the stream
+                # for good; on a cluster, one pipeline to the stream's node
+                # (see the module docstring)
+                pipe = self.client.pipeline(transaction=self._cluster is None)
+                pipe.xack(stream, GROUP, *ids)
+                pipe.xdel(stream, *ids)
+                await pipe.execute()
 
     async def hash_fields(self, key: str) -> list[Any]:
-        with _store_errors():
-            mapping: Any = await self.client.hgetall(key)
+        async with self._turn():
+            with _store_errors():
+                mapping: Any = await self.client.hgetall(key)
         flat: list[Any] = []
         for field, value in mapping.items():
             flat += [field, value]
         return flat
 
     async def strike_entries(self, after: str) -> list[tuple[str, list[Any]]]:
-        with _store_errors():
-            entries: Any = await self.client.xrange(self.layout.strikes, min=f"({after}")
+        async with self._turn():
+            with _store_errors():
+                entries: Any = await self.client.xrange(self.layout.strikes, min=f"({after}")
         flat: list[tuple[str, list[Any]]] = []
         for entry_id, fields in entries:
             pairs = fields.items() if isinstance(fields, dict) else ()
@@ -235,16 +356,21 @@ class RedisStore(ScriptedStore):
         return flat
 
     async def append_strike(self, data: bytes) -> str:
-        with _store_errors():
-            entry_id = await self.client.xadd(self.layout.strikes, {"i": data})
+        async with self._turn():
+            with _store_errors():
+                entry_id: Any = await self.client.xadd(self.layout.strikes, {"i": data})
         return text(entry_id)
 
     async def subscriber(self) -> _Subscriber:
-        pubsub = self.client.pubsub()
-        try:
+        with _store_errors("SUBSCRIBE"):
+            if self._cluster is not None:
+                # plain PUBLISH reaches a subscriber on any node: the docket's own
+                await self._cluster.initialize()
+                node = self._cluster.get_node_from_key(self.layout.stream)
+                pubsub: PubSub = self._cluster.pubsub(node=node)
+            else:
+                pubsub = self.client.pubsub()
             await pubsub.connect()  # type: ignore[no-untyped-call]
-        except _FAILURES as error:
-            raise StoreUnavailable(f"Redis unavailable: {error}") from error
         return _Subscriber(pubsub)
 
 
