@@ -200,7 +200,9 @@ class Execution:
         if record is not None:
             self._apply(record)
         self.progress._apply(await self._docket.adapter.get_progress(self._key))
-        return record is not None and record.state.terminal
+        # no record: nothing in the store can end it (a struck add), so what
+        # this process knows decides
+        return self.state.terminal if record is None else record.state.terminal
 
     async def is_superseded(self) -> bool:
         """Whether a later ``replace`` (or a retry, a perpetual follow-up) of
