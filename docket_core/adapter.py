@@ -136,6 +136,20 @@ class StorageAdapter(Protocol):
     async def close(self) -> None:
         """Disconnect; called once by ``Docket.__aexit__``."""
 
+    def sibling(self, name: str) -> StorageAdapter:
+        """An ordinary store of the docket ``name`` beside this one: on the
+        same client (Redis, GLIDE) or memory location, sharing this store's
+        budget of commands in flight.  Called on an open store; the sibling
+        is opened and closed like any store, and closing it leaves the shared
+        client open (the store it came from owns it)."""
+
+    async def record_partitions(self, expected: int, new: int) -> int:
+        """Atomically: if the docket's recorded partition count
+        (``{name}:partitions`` on the servers; absent means 1) is
+        ``expected``, record ``new`` (recording 1 removes the record).
+        Returns the count recorded before, so a result equal to ``expected``
+        means ``new`` is recorded.  Both counts are at least 1."""
+
     async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
         """Carry out ``effects`` in order, as few round trips as possible,
         returning one outcome per effect.  Each effect is atomic on its own.
@@ -274,7 +288,8 @@ _SCHEMES: dict[str, tuple[str, str, str]] = {
 
 
 def adapter_for_url(url: str, name: str) -> StorageAdapter:
-    """Build the adapter the URL's scheme names (``memory://`` by default)."""
+    """Build the adapter the URL's scheme names (``memory://`` by default);
+    ``Docket`` puts a ``PartitionedStore`` over it for ``partitions > 1``."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     try:
         module_name, class_name, extra = _SCHEMES[scheme]

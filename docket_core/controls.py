@@ -8,6 +8,9 @@ in pydocket), with an optional ``scope`` (default: the docket's name; dockets
 naming the same scope share the control).  At run time each reduces to a
 policy value (``docket_core.sansio.admission``) that the worker's core
 judges before the task starts; the task itself receives the declaration.
+A scope that names the docket itself is the docket's own namespace (the
+policy's ``scope`` is ``None``): its controls are judged, and a blocked
+delivery settled, in the docket's step.
 """
 
 from __future__ import annotations
@@ -56,13 +59,15 @@ class _AdmissionControl(Dependency):
             ) from None
         return f"{prefix}:{name}:{value!r}"
 
-    def _control(self, key: str) -> Control:
+    def _control(self, key: str, scope: str | None) -> Control:
         raise NotImplementedError
 
     def _call_policy(
         self, function_name: str, docket_name: str, arguments: Mapping[str, Any]
     ) -> dict[str, Any]:
-        return {"admission": (self._control(self._key(function_name, docket_name, arguments)),)}
+        key = self._key(function_name, docket_name, arguments)
+        scope = None if self.scope == docket_name else self.scope
+        return {"admission": (self._control(key, scope),)}
 
     def _check(self, function: Callable[..., Any], parameter: str, top_level: bool) -> None:
         if not top_level:
@@ -92,8 +97,8 @@ class Debounce(_AdmissionControl):
         self.settle = settle
         self.scope = scope
 
-    def _control(self, key: str) -> Control:
-        return DebouncePolicy(key=key, settle=self._settle, scope=self.scope)
+    def _control(self, key: str, scope: str | None) -> Control:
+        return DebouncePolicy(key=key, settle=self._settle, scope=scope)
 
     def __repr__(self) -> str:
         return f"Debounce({self.settle!r}, scope={self.scope!r})"
@@ -110,8 +115,8 @@ class Cooldown(_AdmissionControl):
         self.window = window
         self.scope = scope
 
-    def _control(self, key: str) -> Control:
-        return CooldownPolicy(key=key, window=self._window, scope=self.scope)
+    def _control(self, key: str, scope: str | None) -> Control:
+        return CooldownPolicy(key=key, window=self._window, scope=scope)
 
     def __repr__(self) -> str:
         return f"Cooldown({self.window!r}, scope={self.scope!r})"
@@ -134,9 +139,9 @@ class RateLimit(_AdmissionControl):
         self.drop = drop
         self.scope = scope
 
-    def _control(self, key: str) -> Control:
+    def _control(self, key: str, scope: str | None) -> Control:
         return RateLimitPolicy(
-            key=key, limit=self.limit, per=self._per, drop=self.drop, scope=self.scope
+            key=key, limit=self.limit, per=self._per, drop=self.drop, scope=scope
         )
 
     def __repr__(self) -> str:

@@ -19,6 +19,8 @@ from .dependencies import validate
 from .execution import Execution, TaskCall, to_datetime
 from .instrumentation import TASKS_CANCELLED, producer_span, trace_headers
 from .lua.base import ScriptedStore
+from .partition_parts import settle_layout
+from .partitioned import PartitionedStore
 from .sansio.decisions import is_live, liveness_window, plan_add
 from .sansio.effects import Cancel
 from .sansio.errors import UsageError
@@ -105,21 +107,29 @@ class Docket:
         *,
         adapter: StorageAdapter | None = None,
         signing_key: SigningKeys | None = None,
+        partitions: int = 1,
     ) -> None:
         """``signing_key`` (one key or a list: the first signs, all verify;
         without one, the comma-separated keys of ``DOCKET_SIGNING_KEY``) signs
         every payload the docket pickles and rejects any it did not sign;
         without keys, payloads are plain pickles (see "Signed payloads" in
-        the README)."""
+        the README).  ``partitions`` spreads the docket over that many
+        queues, each under its own hash tag (the shards of a cluster;
+        ``docket_core.partitioned``); a docket holding tasks keeps its count."""
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise UsageError(f"partitions must be a whole number of at least 1, not {partitions!r}")
+        self.partitions = partitions
         self.name = name
         self.url = url or os.environ.get("DOCKET_URL") or "memory://"
         self.heartbeat_interval = heartbeat_interval
         self.missed_heartbeats = missed_heartbeats
         self.execution_ttl = execution_ttl
         self.adapter: StorageAdapter = adapter or adapter_for_url(self.url, name)
+        if partitions > 1:
+            self.adapter = PartitionedStore(self.adapter, partitions)
         #: the keys payloads are signed and verified with (``None``: unsigned)
         self.signing = Signing.resolve(signing_key)
-        if isinstance(self.adapter, ScriptedStore):
+        if isinstance(self.adapter, ScriptedStore | PartitionedStore):
             self.adapter.signing = self.signing  # it pickles the strikes
         #: the docket's strikes, as of its last look at the store
         self.strike_list = StrikeList(name=name, adapter=self.adapter)
@@ -135,6 +145,10 @@ class Docket:
             raise UsageError("a Docket is not re-entrant")
         await self.adapter.open()
         try:
+            if self.partitions == 1:
+                # (a partitioned store settles its count as it opens) a docket
+                # recorded with N partitions whose tasks wait there: refused
+                await settle_layout(self.adapter, 1)
             await self.strike_list.refresh()
         except BaseException:
             await self.adapter.close()

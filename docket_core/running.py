@@ -28,6 +28,7 @@ How a run ends:
 - the cancellation docket asked for reached the scope: it was cancelled,
   and the core decides what that records (a timeout fails the run).
 
+``decode`` turns a delivery into the call it asks for and its policy;
 ``loop_options`` names the event loops a worker runs on (``Worker.run_sync``).
 """
 
@@ -38,30 +39,31 @@ import contextvars
 import importlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from . import instrumentation, worker_logs
-from .dependencies import ForcedRetry, TaskContext, resolve
-from .execution import Execution
+from .dependencies import Dependency, ForcedRetry, TaskContext, bind_arguments, resolve, task_policy
+from .execution import Execution, to_datetime
 from .outcomes import blocked_follow_up, blocked_line
+from .partition_parts import spanning_limits
 from .sansio.decisions import may_retry
 from .sansio.effects import CancelTask
 from .sansio.errors import UsageError
 from .sansio.flight import Count
 from .sansio.inputs import DeadlineExtended, TaskEnded, TaskOutcome
-from .sansio.values import ExecutionState, TaskPolicy
+from .sansio.values import Delivery, ExecutionState, TaskPolicy
 from .sansio.worker import WorkerMachine
-from .serialization import describe, dumps_value
+from .serialization import SignatureError, describe, dumps_value, loads_message
 
 if TYPE_CHECKING:
     from .docket import Docket
     from .worker import Worker
 
-__all__ = ["LOOPS", "Runner", "loop_options"]
+__all__ = ["LOOPS", "Runner", "decode", "loop_options"]
 
 _RESCHEDULED = (Count.RETRIED, Count.PERPETUATED)
 
@@ -378,6 +380,54 @@ class Runner:
             )
             self.stop_worker()
         return error, dumps_value(failure, self.docket.signing)
+
+
+#: a delivery decoded: its function, execution, call headers, bound arguments, policy
+Call = tuple[Callable[..., Any], Execution, dict[str, str], Mapping[str, Any], TaskPolicy]
+
+
+def decode(
+    docket: Docket,
+    delivery: Delivery,
+    fallback: Callable[..., Any] | None,
+    worker_name: str,
+    worker_dependencies: Mapping[str, Dependency],
+) -> Call | str:
+    """The call a delivery asks for and its policy (pure work, no store), or
+    why it cannot run: an unknown task (without a ``fallback``), a payload
+    that does not unpickle or verify, arguments that do not bind."""
+    message = delivery.message
+    function = docket.tasks.get(message.function) or fallback
+    if function is None:
+        return f"unknown task {message.function!r}: not registered on worker {worker_name}"
+    try:
+        args, kwargs, headers = loads_message(message.payload, docket.signing)
+    except SignatureError as error:
+        return str(error)
+    except Exception as error:
+        return f"the arguments could not be unpickled: {describe(error)}"
+    try:
+        arguments = bind_arguments(function, args, kwargs)
+        policy = task_policy(
+            function, message.function, docket.name, arguments, worker_dependencies
+        )
+        if docket.partitions > 1:  # a limit spans the partitions
+            policy = spanning_limits(policy, docket.name)
+    except Exception as error:
+        return describe(error)
+    execution = Execution(
+        docket,
+        function,
+        args,
+        kwargs,
+        message.key,
+        to_datetime(message.when),
+        message.attempt,
+        function_name=message.function,
+        generation=message.generation,
+        redelivered=delivery.redelivered,
+    )
+    return function, execution, headers, arguments, policy
 
 
 def _retrying(policy: TaskPolicy, attempt: int) -> bool:

@@ -3,15 +3,17 @@
 Four loops share one task group: the *reader* asks the store for deliveries
 while the machine has capacity; the *flusher* drains the machine's effects,
 hands all store effects of a round to the adapter in one call and feeds the
-outcomes back; the *timer* sleeps until the machine's next deadline and ticks
-it; the *listener* turns cancellation signals into inputs; the *signal* loop
-turns SIGTERM and SIGINT into a drain (the second one into a stop without
-draining).  The worker keeps its ``health`` (``health.HealthState``) from
-what these loops see.  Task functions run on a few long-lived runner tasks
-(``running.Runner``: a ``StartTask`` hands its run to an idle one), shielded
-from the worker's own cancellation so a stopping worker drains them instead of
-killing them; a ``CancelTask`` cancels only its run.  The log lines are
-pydocket's (``worker_logs``).
+outcomes back (an idle worker's pickup the reader flushes itself: its claim
+goes out at once, its next read after the start); the *timer* sleeps until
+the machine's next deadline and ticks it; the *listener* turns cancellation
+signals into inputs; the *signal* loop turns SIGTERM and SIGINT into a drain
+(the second one into a stop without draining).  The worker keeps its
+``health`` (``health.HealthState``) from what these loops see.  Task
+functions run on a few long-lived runner tasks (``running.Runner``: a
+``StartTask`` hands its run to an idle one), shielded from the worker's own
+cancellation so a stopping worker drains them instead of killing them; a
+``CancelTask`` cancels only its run.  The log lines are pydocket's
+(``worker_logs``).
 """
 
 from __future__ import annotations
@@ -39,10 +41,10 @@ from anyio.abc import TaskGroup
 from . import dependencies, instrumentation, worker_logs
 from .dependencies import validate as validate_task
 from .docket import Docket
-from .execution import Execution, to_datetime
+from .execution import Execution
 from .health import Health, HealthState, close_healthcheck, serve_healthcheck
 from .perpetual import first_run
-from .running import Runner, loop_options
+from .running import Runner, decode, loop_options
 from .sansio.admission import Blocked, blocked_message
 from .sansio.effects import CancelTask, Effect, Read, SeedPerpetuals, StartTask, StoreEffect
 from .sansio.errors import StoreError, StoreUnavailable, UsageError
@@ -60,7 +62,7 @@ from .sansio.inputs import (
 from .sansio.strikes import StrikeList
 from .sansio.values import NO_POLICY, Delivery
 from .sansio.worker import WorkerConfig, WorkerMachine
-from .serialization import SignatureError, describe, loads_message
+from .serialization import describe
 from .shared import SharedScope, open_scope, validate_worker_dependencies
 
 logger = logging.getLogger("docket.worker")
@@ -272,7 +274,8 @@ class Worker:
     ) -> None:
         config = WorkerConfig(
             name=self.name,
-            docket=self.docket.name,
+            # (partitioned: not the name, which scopes its limits: ``running``)
+            docket=self.docket.name if self.docket.partitions == 1 else f"{self.docket.name}|*",
             concurrency=self.concurrency,
             redelivery_timeout=self.redelivery_timeout.total_seconds(),
             heartbeat_interval=self.docket.heartbeat_interval.total_seconds(),
@@ -294,6 +297,11 @@ class Worker:
         self._finished = anyio.Event()
         #: the read the machine asked for (it asks for one at a time)
         self._read: Read | None = None
+        #: a flush runs, and the event its end sets if someone waits for it
+        self._flushing = False
+        self._flushed: anyio.Event | None = None
+        #: the deadline the timer sleeps until
+        self._armed_at = math.inf
         self._read_ready = anyio.Event()
         self._scopes: dict[str, anyio.CancelScope] = {}
         #: delivery id -> the last ``CancelTask`` of its run
@@ -307,7 +315,7 @@ class Worker:
             scopes=self._scopes,
             stops=self._stops,
             wake=lambda: self._dirty.set(),
-            rearm=lambda: self._rearm.set(),
+            rearm=self._rearm_timer,
             stop_worker=self._stopping.set,
             spawn=lambda runner: self._spawn(self._group, runner),
         )
@@ -373,6 +381,7 @@ class Worker:
                 await self._read_ready.wait()
                 self._read_ready = anyio.Event()
             read, self._read = self._read, None
+            pickup = False
             try:
                 self._strikes = await adapter.strikes()
                 result = await adapter.read(
@@ -399,6 +408,7 @@ class Worker:
                 pending = None
                 if read.then_pending and not result.deliveries:
                     pending = await adapter.pending()
+                pickup = bool(arrivals) and not held
                 done = ReadDone(
                     arrivals=arrivals,
                     next_due=result.next_due,
@@ -415,8 +425,18 @@ class Worker:
                 )
             if machine.finished:
                 self._stopping.set()
-            self._dirty.set()
-            self._rearm.set()
+            self._rearm_timer()
+            if pickup and not self._flushing:
+                # an idle worker's pickup: the claim goes out from here, not
+                # handed to the flusher behind whatever else runs first, and the
+                # next read waits for the start (its script would share the
+                # claim's round trip, and go out first)
+                await self._flush()
+                await anyio.lowlevel.checkpoint()  # (the run handed over starts)
+                if not machine.accepting:
+                    self._dirty.set()  # (stopping: the flusher sees to the goodbye)
+            else:
+                self._dirty.set()
 
     def _arrival(self, delivery: Delivery) -> Arrival:
         """``_prepare``, where an error of ours is the delivery's problem too:
@@ -430,44 +450,11 @@ class Worker:
 
     def _prepare(self, delivery: Delivery) -> Arrival:
         """Decode a delivery and work out its policy (pure work, no store)."""
-        message = delivery.message
-        function = self.docket.tasks.get(message.function) or self.fallback_task
-        if function is None:
-            return Arrival(
-                delivery=delivery,
-                policy=NO_POLICY,
-                problem=f"unknown task {message.function!r}: not registered on worker {self.name}",
-            )
-        try:
-            args, kwargs, headers = loads_message(message.payload, self.docket.signing)
-        except SignatureError as error:
-            return Arrival(delivery=delivery, policy=NO_POLICY, problem=str(error))
-        except Exception as error:
-            return Arrival(
-                delivery=delivery,
-                policy=NO_POLICY,
-                problem=f"the arguments could not be unpickled: {describe(error)}",
-            )
-        try:
-            arguments = dependencies.bind_arguments(function, args, kwargs)
-            policy = dependencies.task_policy(
-                function, message.function, self.docket.name, arguments, self.dependencies
-            )
-        except Exception as error:
-            return Arrival(delivery=delivery, policy=NO_POLICY, problem=describe(error))
-        struck = self._struck(message.function, message.key, arguments)
-        execution = Execution(
-            self.docket,
-            function,
-            args,
-            kwargs,
-            message.key,
-            to_datetime(message.when),
-            message.attempt,
-            function_name=message.function,
-            generation=message.generation,
-            redelivered=delivery.redelivered,
-        )
+        call = decode(self.docket, delivery, self.fallback_task, self.name, self.dependencies)
+        if isinstance(call, str):
+            return Arrival(delivery=delivery, policy=NO_POLICY, problem=call)
+        function, execution, headers, arguments, policy = call
+        struck = self._struck(execution.function_name, execution.key, arguments)
         if struck:
             worker_logs.log_struck(execution, self._log_extra)
         else:
@@ -486,11 +473,27 @@ class Worker:
         return False
 
     async def _flusher(self) -> None:
+        """``_flush`` whenever the machine has new effects, until it is quiet."""
         machine = self._machine
         assert machine is not None
         while True:
             await self._dirty.wait()
             self._dirty = anyio.Event()
+            while self._flushing:  # (the reader's, for a pickup)
+                self._flushed = self._flushed or anyio.Event()
+                await self._flushed.wait()
+            await self._flush()
+            if machine.quiet:
+                self._finished.set()
+                return
+
+    async def _flush(self) -> None:
+        """Carry out the machine's effects until it has none, a round's store
+        effects in one call; one flush at a time (it sends one batch at a time)."""
+        machine = self._machine
+        assert machine is not None
+        self._flushing = True
+        try:
             while effects := machine.effects():
                 store: list[StoreEffect] = []
                 for effect in effects:
@@ -511,9 +514,11 @@ class Worker:
                         # superseded, parked, lost) leave their calls behind
                         for delivery_id in [d for d in self._calls if d not in machine.in_flight]:
                             del self._calls[delivery_id]
-            if machine.quiet:
-                self._finished.set()
-                return
+        finally:
+            self._flushing = False
+            flushed, self._flushed = self._flushed, None
+            if flushed is not None:
+                flushed.set()
 
     def _store_failed(self, effects: list[StoreEffect], error: StoreError) -> None:
         """Tell the machine a batch failed: it decides when to send it again,
@@ -525,7 +530,7 @@ class Worker:
             self._health.store_lost()
         now = time.time()
         machine.receive(failure(effects=tuple(effects), now=now, reason=str(error)))
-        self._rearm.set()
+        self._rearm_timer()
         if machine.fatal is not None:
             logger.error("stopping: %s", machine.fatal)
             raise StoreError(machine.fatal) from error
@@ -537,7 +542,7 @@ class Worker:
         if isinstance(effect, StartTask):
             function, execution, headers = self._calls.pop(effect.delivery_id)
             self._runner.start(effect.delivery_id, function, execution, headers)
-            self._rearm.set()
+            self._rearm_timer()
         elif isinstance(effect, SeedPerpetuals):
             self._group.start_soon(self._seed_automatic)
         elif isinstance(effect, CancelTask):
@@ -552,17 +557,30 @@ class Worker:
             self._read_ready.set()
 
     async def _timer(self) -> None:
+        """Tick the machine at its next deadline; woken early, look again."""
         machine = self._machine
         assert machine is not None
         while True:
             deadline = machine.next_deadline()
-            delay = math.inf if deadline is None else deadline - time.time()
+            self._armed_at = math.inf if deadline is None else deadline
+            delay = self._armed_at - time.time()
             if delay > 0:
-                with anyio.move_on_after(delay):
+                with anyio.move_on_after(delay) as sleep:
                     await self._rearm.wait()
                 self._rearm = anyio.Event()
+                if not sleep.cancelled_caught:
+                    continue  # rearmed: look again
             machine.receive(Tick(now=time.time()))
             self._dirty.set()
+
+    def _rearm_timer(self) -> None:
+        """Wake the timer if the machine's next deadline is now sooner (a
+        later one only makes it wake early, and look again)."""
+        machine = self._machine
+        assert machine is not None
+        deadline = machine.next_deadline()
+        if deadline is not None and deadline < self._armed_at:
+            self._rearm.set()
 
     async def _listener(self) -> None:
         machine = self._machine

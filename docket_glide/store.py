@@ -270,6 +270,17 @@ class GlideStore(ScriptedStore):
     async def open(self) -> None:
         await self._main()
 
+    def sibling(self, name: str) -> GlideStore:
+        """Docket ``name`` on this open store's main client (not owned:
+        closing it leaves the client open), sharing its requests in flight;
+        its blocking reads and listeners get clients of their own."""
+        if self.client is None:
+            raise UsageError(f"open the store of docket {self.name} before its siblings")
+        sibling = GlideStore(self.configuration, name=name, client=self.client)
+        sibling._inflight = self._limiter()
+        sibling.signing = self.signing
+        return sibling
+
     async def close(self) -> None:
         await self.close_listeners()
         for reader in self._readers:

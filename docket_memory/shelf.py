@@ -6,7 +6,10 @@ in ``when`` go in key order, as on the servers' sorted sets, and stale heap
 entries are skipped lazily; handed-out ones in ``held`` with their
 lease time.  Terminal records expire through a second heap.  Concurrency
 slots and waiters live in a ``Pool`` per scope, shared by the shelves of one
-location, so a release in one docket can wake a task of another.
+location, so a release in one docket can wake a task of another.  A key
+parked behind a limit of another scope (the scoped chain, ``scoped_chain.py``)
+waits on its own shelf instead (``scoped_parked``, its message in ``future``
+at its retry time), and its pool only names the shelf as waiting.
 """
 
 from __future__ import annotations
@@ -88,6 +91,12 @@ class Pool:
     #: ``(time, limit key)`` of ``watched``; an entry a later one replaced
     #: (its time is no longer the limit's) is skipped when it comes up
     watch_heap: list[tuple[float, str]] = attrs.field(factory=list)
+    #: limit key -> the dockets with keys parked behind it by the scoped chain
+    #: (docket name -> when it first waited; ``S:stale:<limit>``)
+    waiting_dockets: dict[str, dict[str, float]] = attrs.field(factory=dict)
+    #: docket name -> its shelf, for every docket that waited here (where a
+    #: ``WakeParked`` naming it runs)
+    shelves: dict[str, Shelf] = attrs.field(factory=dict)
     #: (kind, key) -> an admission control of this scope and its state
     #: (``admission_state``); the control is kept to tell when the state ends
     admission: dict[tuple[ControlKind, str], tuple[Control, State]] = attrs.field(factory=dict)
@@ -127,6 +136,22 @@ class Pool:
         self.woken.pop(limit_key, None)
         self.restale(limit_key)
         return 0
+
+    def enlist(self, limit_key: str, docket: str, since: float) -> None:
+        """Register ``docket`` as waiting for ``limit_key`` (an entry already
+        there keeps its time, as ``ZADD NX``)."""
+        self.waiting_dockets.setdefault(limit_key, {}).setdefault(docket, since)
+
+    def next_waiting(self, limit_key: str) -> str | None:
+        """Pop the docket that waited longest for ``limit_key`` (``ZPOPMIN``)."""
+        waiting = self.waiting_dockets.get(limit_key)
+        if not waiting:
+            return None
+        docket = min(waiting, key=lambda name: (waiting[name], name))
+        del waiting[docket]
+        if not waiting:
+            del self.waiting_dockets[limit_key]
+        return docket
 
     def stale_from(self, limit_key: str) -> float:
         """When the limit's next stale slot counts from: its oldest renewal,
@@ -206,6 +231,11 @@ class Shelf:
     held: dict[str, Held] = attrs.field(factory=dict)
     #: key -> the pool and limit it waits behind
     parked: dict[str, tuple[Pool, str]] = attrs.field(factory=dict)
+    #: key -> (scope, limit key) of a key parked by the scoped chain: its
+    #: message waits in ``future`` at its retry time (``park_scoped``)
+    scoped_parked: dict[str, tuple[str, str]] = attrs.field(factory=dict)
+    #: (scope, limit key) -> key -> when it parked (``P:waiters:<S>|<limit>``)
+    scoped_waiters: dict[tuple[str, str], dict[str, float]] = attrs.field(factory=dict)
     progress: dict[str, ProgressRecord] = attrs.field(factory=dict)
     expiry_heap: list[tuple[float, str, int]] = attrs.field(factory=list)
     workers: dict[str, WorkerRecord] = attrs.field(factory=dict)
@@ -220,6 +250,8 @@ class Shelf:
     memos: dict[str, Memo] = attrs.field(factory=dict)
     #: when ``expire`` next forgets the admission states that ended
     admission_sweep: float = 0.0
+    #: how many partitions the docket is spread over (``{name}:partitions``)
+    partitions: int = 1
 
     def pool(self, scope: str | None = None) -> Pool:
         """The pool of ``scope`` (``None``: this docket's own)."""
@@ -299,6 +331,8 @@ class Shelf:
             self.ready.pop(delivery_id, None)
         if self.parked:
             self.unpark(key)
+        if self.scoped_parked:
+            self.unpark_scoped(key)
 
     def next_due(self) -> float | None:
         heap = self.due_heap
@@ -336,6 +370,8 @@ class Shelf:
             if message is None or message.generation != generation:
                 continue
             del self.future[key]
+            if self.scoped_parked:
+                self.unpark_scoped(key)  # its retry time came: no longer waiting
             self.enqueue(message, now)
             record = self.records.get(key)
             if record is not None and record.generation == generation:
@@ -483,3 +519,61 @@ class Shelf:
         self.enqueue(message, now)
         self.records[message.key] = attrs.evolve(record, state=ExecutionState.QUEUED)
         self.publish_state(message.key, ExecutionState.QUEUED)
+
+    # -- the scoped chain (``docket_core.sansio.effects.Park``, ``WakeParked``) ----
+
+    def park_scoped(
+        self, scope: str, limit_key: str, message: TaskMessage, now: float, retry_at: float
+    ) -> None:
+        """Put a claimed key behind a scoped limit: among its waiters here,
+        its message scheduled at ``retry_at`` (its ``when`` unchanged)."""
+        key = message.key
+        record = self.records[key]
+        self.scoped_waiters.setdefault((scope, limit_key), {})[key] = now
+        self.scoped_parked[key] = (scope, limit_key)
+        self.future[key] = message
+        heapq.heappush(self.due_heap, (retry_at, key, next(self.ids), message.generation))
+        self.records[key] = attrs.evolve(
+            record, state=ExecutionState.SCHEDULED, worker=None, started_at=None
+        )
+        self.progress.pop(key, None)
+        self.publish_state(key, ExecutionState.SCHEDULED)
+        self.notify()
+
+    def unpark_scoped(self, key: str) -> None:
+        """Clear a key's scoped parking (its message stays where it is)."""
+        parked = self.scoped_parked.pop(key, None)
+        if parked is None:
+            return
+        waiting = self.scoped_waiters.get(parked)
+        if waiting is not None:
+            waiting.pop(key, None)
+            if not waiting:
+                del self.scoped_waiters[parked]
+
+    def wake_scoped(self, scope: str, limit_key: str, now: float) -> tuple[int, int, float | None]:
+        """Queue the oldest live key parked here behind the scoped limit;
+        returns (woken, how many still wait, the oldest one's park time)."""
+        where = (scope, limit_key)
+        waiting = self.scoped_waiters.get(where, {})
+        woken = 0
+        while waiting and not woken:
+            key = min(waiting, key=lambda k: (waiting[k], k))
+            del waiting[key]
+            record = self.records.get(key)
+            message = self.future.get(key)
+            if (
+                self.scoped_parked.get(key) != where
+                or record is None
+                or record.state is not ExecutionState.SCHEDULED
+                or message is None
+            ):
+                continue
+            del self.scoped_parked[key]
+            del self.future[key]
+            self.requeue(message, record, now)
+            woken = 1
+        if not waiting:
+            self.scoped_waiters.pop(where, None)
+            return woken, 0, None
+        return woken, len(waiting), min(waiting.values())

@@ -4,8 +4,12 @@ Random workloads (adds, replaces, cancels, retries, concurrency limits) run on
 several simulated workers of two dockets, which share one scoped limit and
 each have limits of their own, while faults strike: worker crashes, effect batches
 lost with their worker, batches whose reply is lost (run by the store or not;
-the worker machine sends them again), deliveries handed to a worker late,
-clock skew between workers, clock jumps.  After every step the invariants are checked; at the end
+the worker machine sends them again), crashes after a step of a scoped
+limit's chain (``docket_core.sansio.scoped_slots``) before the next,
+deliveries handed to a worker late, clock skew between workers, clock jumps.
+The shared limit takes that chain: a take in the scope, a confirm or a park
+in the docket; a release in the scope, a wake-up in the waiting docket, an
+enlistment of the rest.  After every step the invariants are checked; at the end
 faults stop, the clock runs on until everything is quiet, and no task may be
 lost.  Everything comes from one seed, so a failure replays exactly:
 
@@ -28,7 +32,10 @@ Invariants checked:
   itself, counting nothing);
 - nothing is lost: once quiet, every accepted add ended (completed, failed or
   cancelled) or was superseded by a later accepted add of the same key, and
-  the store holds no messages, slots or waiters.
+  the store holds no messages, slots or waiters (a docket may stay
+  registered as waiting for the shared limit with nothing parked there, after
+  a crash or a park that found its key superseded: the next release passes
+  it over, and a server expires it with the slot set).
 """
 
 from __future__ import annotations
@@ -59,11 +66,16 @@ from docket_core.sansio.effects import (
     AcquireSlot,
     Cancel,
     CancelTask,
+    ConfirmSlot,
     Effect,
+    Enlist,
+    Park,
     Read,
     ReleaseSlot,
     StartTask,
     StoreEffect,
+    TakeSlot,
+    WakeParked,
 )
 from docket_core.sansio.inputs import (
     Arrival,
@@ -91,11 +103,19 @@ from .shelf import Pool, Shelf
 from .store import MemoryStore
 
 REDELIVERY_TIMEOUT = 5.0
+#: the steps of a scoped limit's chains: a worker may crash after any one
+CHAIN_STEPS = (TakeSlot, ConfirmSlot, Park, ReleaseSlot, WakeParked, Enlist)
+#: how often a batch with such a step is the last its worker sends
+CHAIN_CRASH_ODDS = 0.01
 #: how far a worker's clock is off the simulation's, at most
 MAX_SKEW = 0.5
 #: long enough that no record expires during a run: a missing one is a loss
 RECORD_TTL = 1e9
-LIMITS = {f"limit-{i}": 1 + i % 3 for i in range(3)}
+LIMITS = {"limit-0": 1, "limit-1": 1, "limit-2": 2}
+#: even key index -> its limit: a key of each docket under the shared one
+#: (which takes the scoped chain), two keys of one docket under each of the
+#: others (which take the one-script path), so that both paths are contended
+LIMIT_OF = {0: "limit-0", 6: "limit-0", 4: "limit-1", 8: "limit-1", 2: "limit-2", 10: "limit-2"}
 #: the dockets simulated; ``SHARED_LIMIT`` is scoped by ``SCOPE``, so both share it
 DOCKETS = ("sim-a", "sim-b")
 SCOPE = "shared"
@@ -176,6 +196,8 @@ class Simulation:
         self.quiet_from: dict[tuple[str | None, str], float] = {}
         #: (origin, seq) of every admission the store judged
         self.judged: set[tuple[str, int]] = set()
+        #: workers that died after a step of a chain
+        self.chain_crashes = 0
         for i in range(workers):
             self.spawn(DOCKETS[i % len(DOCKETS)])
 
@@ -226,7 +248,7 @@ class Simulation:
             index = int(key.split("-")[1])
             limit = None
             if index % 2 == 0:
-                limit_key = f"limit-{index % len(LIMITS)}"
+                limit_key = LIMIT_OF.get(index, f"limit-{index % len(LIMITS)}")
                 limit = ConcurrencyPolicy(
                     limit_key=limit_key,
                     max_concurrent=LIMITS[limit_key],
@@ -254,10 +276,16 @@ class Simulation:
                 return
             # the reply is lost: after the store ran the batch, or before
             # (most often for acquisitions: a lost "parked" is the costly case)
-            costly = any(isinstance(e, AcquireSlot | Admit) for e in store)
+            costly = any(isinstance(e, AcquireSlot | Admit | TakeSlot | Park) for e in store)
             odds = 0.25 if costly else 0.03
             reply_lost = self.faults and self.rng.random() < odds
-            if not reply_lost or self.rng.random() < 0.7:
+            # or the worker dies after a step of a chain, before the next
+            chain_crash = (
+                self.faults
+                and any(isinstance(e, CHAIN_STEPS) for e in store)
+                and self.rng.random() < CHAIN_CRASH_ODDS
+            )
+            if not reply_lost or chain_crash or self.rng.random() < 0.7:
                 for effect in store:
                     if isinstance(effect, ReleaseSlot):
                         self.check_release(worker, effect)
@@ -266,6 +294,10 @@ class Simulation:
                 outcomes = drive(self.stores[worker.docket].execute(store))
                 self.note_evictions(holders, store)
                 self.note_admissions(store, outcomes, displaced)
+            if chain_crash:
+                self.chain_crashes += 1
+                self.crash(worker)
+                return
             if reply_lost:
                 machine.receive(
                     ReplyLost(effects=tuple(store), now=self.clock(worker), reason="simulated")
@@ -382,6 +414,8 @@ class Simulation:
     # -- invariants --------------------------------------------------------------------
 
     def check_release(self, worker: SimWorker, effect: ReleaseSlot) -> None:
+        if effect.pass_on:
+            return  # a wake-up passed on: it releases nothing
         if effect.request is not None:
             ident = (effect.request.origin, effect.request.seq)
             if ident in self.sent:
@@ -484,6 +518,9 @@ class Simulation:
                     raise InvariantViolated(
                         f"{key} of {docket} runs while it waits behind a limit"
                     )
+        future = shelf.future.get(key)
+        if key in shelf.scoped_parked and future is not None and future.generation == generation:
+            raise InvariantViolated(f"{key} of {docket} runs while it waits behind a scoped limit")
         queued = shelf.ready.get(shelf.ready_ids.get(key, ""))
         if queued is not None and queued.generation == generation:
             raise InvariantViolated(f"{key} of {docket} runs while it is queued again")
@@ -577,11 +614,14 @@ class Simulation:
         for shelf in self.shelves.values():
             if shelf.ready or shelf.future or shelf.held or shelf.parked:
                 raise InvariantViolated(f"messages left in {shelf.name} after settling")
+            if shelf.scoped_parked or shelf.scoped_waiters:
+                raise InvariantViolated(f"scoped waiters left in {shelf.name}")
         for scope, pool in self.pools.items():
             if any(pool.slots.values()) or any(pool.waiters.values()):
                 raise InvariantViolated(
                     f"slots or waiters of {scope} leaked: {pool.slots} {pool.waiters}"
                 )
+
         latest: dict[tuple[str, str], int] = {}
         for docket, key, generation in self.accepted:
             latest[docket, key] = max(latest.get((docket, key), 0), generation)
@@ -627,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         admitted = sum(len(starts) for starts in simulation.admitted.values())
         print(
             f"seed {seed}: {simulation.steps} steps, {len(simulation.accepted)} adds, "
-            f"{admitted} admissions, ok"
+            f"{admitted} admissions, {simulation.chain_crashes} crashes in a chain, ok"
         )
     elapsed = time.perf_counter() - started
     print(f"{total} steps in {elapsed:.2f}s: {total / elapsed:,.0f} steps/s")

@@ -39,6 +39,7 @@ from docket_core.sansio.effects import (
     Request,
     Schedule,
     StoreEffect,
+    TakeSlot,
 )
 from docket_core.sansio.errors import UsageError
 from docket_core.sansio.inputs import (
@@ -53,6 +54,7 @@ from docket_core.sansio.inputs import (
     Scheduled,
     SlotAcquired,
     SlotReleased,
+    SlotTaken,
 )
 from docket_core.sansio.strikes import StrikeInstruction, StrikeList
 from docket_core.sansio.values import (
@@ -69,6 +71,7 @@ from docket_core.sansio.values import (
     WorkerRecord,
 )
 
+from . import scoped_chain
 from .shelf import Memo, Pool, Shelf
 
 _SHELVES: dict[tuple[str, str], Shelf] = {}
@@ -90,6 +93,8 @@ class MemoryStore:
 
     def __init__(self, *, name: str, location: str = "", shelf: Shelf | None = None) -> None:
         self.name = name
+        #: the ``memory://`` location its siblings share
+        self.location = location
         self.shelf = shelf if shelf is not None else shelf_for(location, name)
 
     @classmethod
@@ -103,6 +108,19 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
+
+    def sibling(self, name: str) -> MemoryStore:
+        """Docket ``name`` in this store's location (a store built around a
+        shelf of its own: the location it was given, ``""`` by default)."""
+        return MemoryStore(name=name, location=self.location)
+
+    async def record_partitions(self, expected: int, new: int) -> int:
+        if expected < 1 or new < 1:
+            raise ValueError(f"partition counts are at least 1, not {expected} and {new}")
+        recorded = self.shelf.partitions
+        if recorded == expected:
+            self.shelf.partitions = new
+        return recorded
 
     # -- effects -------------------------------------------------------------
 
@@ -161,7 +179,8 @@ class MemoryStore:
             isinstance(effect, Admit)
             and isinstance(first, Admitted)
             and first.verdict is Verdict.ADMIT
-            and not self._holds(effect.request, effect.delivery_id)
+            and effect.settles
+            and not self._sender_holds(effect.request, effect.delivery_id)
         ):
             return Admitted(delivery_id=effect.delivery_id, verdict=Verdict.LOST)
         if isinstance(effect, AcquireSlot) and isinstance(first, SlotAcquired) and first.acquired:
@@ -171,9 +190,14 @@ class MemoryStore:
                 return SlotAcquired(delivery_id=effect.delivery_id, acquired=False, lost=True)
             slots[effect.holder] = now
             pool.restale(effect.limit_key)
+        if isinstance(effect, TakeSlot) and isinstance(first, SlotTaken):
+            return scoped_chain.replay_take(shelf, effect, first)
         return first
 
     def _carry_out(self, effect: StoreEffect) -> Outcome:
+        step = scoped_chain.STEPS.get(type(effect))
+        if step is not None:
+            return step(self.shelf, effect)
         name = _HANDLERS.get(type(effect))
         if name is None:
             raise TypeError(f"the memory store cannot carry out {effect!r}")
@@ -414,10 +438,11 @@ class MemoryStore:
         return SlotAcquired(delivery_id=effect.delivery_id, acquired=acquired)
 
     def _admit(self, effect: Admit) -> Admitted:
-        """Judge a delivery against its admission controls
-        (``admission_state.decide``), store what the ruling changes, and
-        settle a blocked delivery in the same step (``settlement``)."""
-        if not self._holds(effect.request, effect.delivery_id):
+        """Judge a delivery against its admission controls of one namespace
+        (``admission_state.decide``) and store what the ruling changes; in the
+        docket's own (``Admit.settles``), only for a delivery its sender
+        holds, and settle a blocked one in the same step (``settlement``)."""
+        if effect.settles and not self._sender_holds(effect.request, effect.delivery_id):
             return Admitted(delivery_id=effect.delivery_id, verdict=Verdict.LOST)
         shelf = self.shelf
         states: dict[Address, State] = {}
@@ -437,18 +462,22 @@ class MemoryStore:
             else:
                 table[(control.kind, control.key)] = (control, state)
         outcome = admitted(effect, ruling)
-        if outcome.verdict is Verdict.DROP or outcome.verdict is Verdict.RESCHEDULE:
+        blocked = outcome.verdict is Verdict.DROP or outcome.verdict is Verdict.RESCHEDULE
+        if blocked and effect.settles:
             self._carry_out(settlement(effect, outcome))
         return outcome
 
     def _release(self, effect: ReleaseSlot) -> SlotReleased:
         pool = self.shelf.pool(effect.scope)
-        slots = pool.slots.get(effect.limit_key)
+        slots = None if effect.pass_on else pool.slots.get(effect.limit_key)
         held = slots is not None and slots.pop(effect.holder, None) is not None
         if slots is not None and not slots and not pool.waiters.get(effect.limit_key):
             del pool.slots[effect.limit_key]
         woken = pool.wake(effect.limit_key, effect.now) if held else 0
-        return SlotReleased(limit_key=effect.limit_key, woken=woken)
+        # no waiter of its own: the docket that waited longest through the chain
+        chain = effect.pass_on or (held and not woken)
+        wake = pool.next_waiting(effect.limit_key) if chain else None
+        return SlotReleased(limit_key=effect.limit_key, woken=woken, wake=wake)
 
     # -- reads ---------------------------------------------------------------
 

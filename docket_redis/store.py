@@ -193,6 +193,19 @@ class RedisStore(ScriptedStore):
         except StoreUnavailable as error:
             raise StoreUnavailable(f"cannot reach Redis: {error.__cause__}") from error.__cause__
 
+    def sibling(self, name: str) -> RedisStore:
+        """Docket ``name`` on this store's client (not owned: closing it
+        leaves the client open), sharing its command turns."""
+        sibling = RedisStore(
+            self.client,
+            name=name,
+            wait_replicas=self.wait_replicas,
+            wait_timeout_ms=self.wait_timeout_ms,
+        )
+        sibling._commands = self._commands
+        sibling.signing = self.signing
+        return sibling
+
     async def close(self) -> None:
         await self.close_listeners()
         if self._owned:

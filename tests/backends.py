@@ -35,4 +35,4 @@ CLUSTER_BACKENDS = [
 
 #: every backend: where a test that takes ``docket``, ``make_docket`` or
 #: ``docket_url`` runs unless it is marked (tests/contract/ is such tests)
-CONTRACT_BACKENDS = [*MEMORY_BACKENDS, *SERVER_BACKENDS]
+CONTRACT_BACKENDS = [*MEMORY_BACKENDS, *SERVER_BACKENDS, *CLUSTER_BACKENDS]

@@ -106,8 +106,11 @@ def server_keys_left(server: Servers, name: str) -> dict[str, int]:
             prefix = "{" + name + "}:"
             for raw in client.scan_iter(match=prefix + "slots:*", count=1000):
                 left[raw.decode()] = left.get(raw.decode(), 0) + int(client.zcard(raw))
-            for raw in client.scan_iter(match=prefix + "wait:*", count=1000):
-                left[raw.decode()] = left.get(raw.decode(), 0) + _members(client, raw)
+            # waiters parked behind a limit (``wait:*`` unscoped, ``waiters:*``
+            # scoped) and dockets registered as waiting on a scoped limit
+            for pattern in ("wait:*", "waiters:*", "stale:*"):
+                for raw in client.scan_iter(match=prefix + pattern, count=1000):
+                    left[raw.decode()] = left.get(raw.decode(), 0) + _members(client, raw)
             for key in (prefix + "parked", prefix + "stale"):
                 left[key] = left.get(key, 0) + _members(client, key.encode())
         finally:

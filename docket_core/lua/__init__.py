@@ -18,8 +18,12 @@ sub-namespaces, so no task key can collide with an internal key):
 ``P:msg:<key>``         hash    the scheduled message of a task key
 ``P:run:<key>``         hash    the task key's record (state, generation, result...)
 ``P:prog:<key>``        hash    progress of a running task
-``P:parked``            set     task keys parked behind a full limit
-``P:pools``             set     shared namespaces this docket has parked keys in
+``P:parked``            set     task keys parked behind a full limit without
+                                a scope
+``P:waiters:<S>|<l>``   zset    task key -> when it parked, the keys of this
+                                docket parked behind limit ``l`` of scope ``S``
+                                (their messages wait in ``P:due`` at their
+                                retry time, and count as scheduled there)
 ``P:generation``        string  the docket's generation counter
 ``P:workers``           zset    worker -> last heartbeat
 ``P:worker-tasks:<w>``  string  JSON list of a worker's task names (expires)
@@ -29,25 +33,37 @@ sub-namespaces, so no task key can collide with an internal key):
                                 about the newest 10,000 are kept
 ``P:did:<origin>``      hash    outcomes of a worker's requests, for resends
                                 (``_floor`` and request number -> JSON outcome)
+``P:partitions``        string  how many partitions the docket is spread over
+                                (absent: 1; ``layout.lua``, ``PartitionedStore``)
+``P:fence``             (none)  never written: every call declares it beside
+                                ``P:q``, so none runs while the slot moves
 ``P:events:<key>``      pubsub  state and progress events of a task key
 ``P:cancel``            pubsub  keys being cancelled, for workers
 ======================  ======  ===================================================
 
 Concurrency limits live in a namespace ``S``: ``P`` for a limit without a
 scope, ``{scope}`` for one with a scope, so every docket naming the scope (and
-the docket whose name it is) shares its slots and waiters.  A release in one
-docket can so wake a task of another: the scripts then touch keys of two hash
-tags, which a standalone server allows and a cluster does not.
+the docket whose name it is) shares its slots.  Every script touches the keys
+of one hash tag only, the one it is called with: a scoped limit is taken and
+released in a chain of single-slot steps (``take`` in ``S``, ``confirm`` or
+``park`` in ``P``; ``release`` in ``S``, ``wake`` in the waiting docket,
+``enlist`` in ``S``; docs/cluster.md, section 4), and its parked keys wait in
+their own docket (``P:waiters:<S>|<limit>``), each also scheduled at a retry
+time, so a wake-up lost between two steps costs only latency.
 
 ======================  ======  ===================================================
 ``S:slots:<limit>``     zset    concurrency slot holder -> last renewal
-``S:wait:<limit>``      list    parked tasks, oldest first: ``<#P>:<P><#key>:<key>``
-``S:stale``             zset    limits that have parked tasks -> the time their
-                                next stale slot counts from: their oldest slot
-                                renewal, or while nobody holds one, their
-                                ``S:woken`` (0 if none); a read looks only at
-                                the limits due by its cutoff
-``S:woken``             hash    limit -> when its last waiter was woken
+``S:stale:<limit>``     zset    a scoped limit's waiting dockets: docket name ->
+                                when it (first) waited; popped oldest first by
+                                a release, expires with the slot set
+``P:wait:<limit>``      list    parked tasks of a limit without a scope, oldest
+                                first: ``<#P>:<P><#key>:<key>``
+``P:stale``             zset    limits without a scope that have parked tasks ->
+                                the time their next stale slot counts from:
+                                their oldest slot renewal, or while nobody
+                                holds one, their ``P:woken`` (0 if none); a
+                                read looks only at the limits due by its cutoff
+``P:woken``             hash    limit -> when its last waiter was woken
 ======================  ======  ===================================================
 
 Admission controls (``Debounce``, ``Cooldown``, ``RateLimit``) keep their
@@ -61,13 +77,16 @@ each field holds); each key expires a minute past the state's own end:
 ``S:ratelimit:<key>``   zset    execution -> start, the starts of ``2 * per``
 ======================  ======  ===================================================
 
-A parked record carries ``parked`` (the limit) and ``pin`` (its ``S``).
-Permanent keys (no TTL while the docket is in use): ``P:q``, ``P:wake``, ``P:due``,
-``P:dead``, ``P:parked``, ``P:pools``, ``S:stale``, ``P:workers``, ``P:strikes``,
-``P:generation``.  ``P:did:<origin>`` expires ``remember`` after its
-worker's last remembered call, and holds only the outcomes whose replies the
-worker may not have had.  A record (``P:run:<key>``) has no TTL while its key is live
-and ``execution_ttl`` once it ended; every other key is deleted when emptied or
+A parked record carries ``parked`` (the limit) and ``pin`` (its ``S``); a
+running one that holds a scoped slot carries ``slot`` and ``pin``.  Permanent
+keys (no TTL while the docket is in use): ``P:q``, ``P:wake``, ``P:due``,
+``P:dead``, ``P:parked``, ``P:stale``, ``P:workers``, ``P:strikes``,
+``P:generation``, ``P:partitions`` (an older docket's ``P:pools`` is no
+longer read).
+``P:did:<origin>`` expires ``remember`` after its worker's last remembered
+call, and holds only the outcomes whose replies the worker may not have had.
+A record (``P:run:<key>``) has no TTL while its key is live and
+``execution_ttl`` once it ended; every other key is deleted when emptied or
 carries a TTL.
 """
 
@@ -91,6 +110,13 @@ SCRIPT_NAMES = (
     "bury",
     "dead",
     "admit",
+    "take",
+    "confirm",
+    "park",
+    "wake",
+    "enlist",
+    "renew_slots",
+    "layout",
 )
 
 

@@ -1,23 +1,23 @@
--- AcquireSlot: ARGV = prefix, group, memo header, then the fields of one or
--- more acquisitions packed into one argument (unpack_fields), 10 each: limit,
--- holder, max, now, stale_after, id, key, generation, namespace (where the
--- limit's slots live), request number.  The consecutive acquisitions of a
--- flush go in one call.  Returns one 1 (acquired) or 0 (parked) per
--- acquisition; a resend answers its first outcome, except that an acquired
--- slot is renewed to the resend's now, or answers 2 (lost) if it was taken
--- over meanwhile.  A delivery its sender no longer holds answers 2 too.
-local function acquire(limit, holder, max, now, stale_after, id, key, gen, S, now_text)
+-- AcquireSlot, for a limit without a scope (its slots and waiters live in
+-- this docket's namespace, P; a scoped limit takes the chain of take.lua):
+-- ARGV = prefix, group, memo header, then the fields of one or more
+-- acquisitions packed into one argument (unpack_fields), 10 each: limit,
+-- holder, max, now, stale_after, id, key, generation, namespace (P: the
+-- prefix this call runs in), request number.  The
+-- consecutive acquisitions of a flush go in one call.  Returns one 1
+-- (acquired) or 0 (parked) per acquisition; a resend answers its first
+-- outcome, except that an acquired slot is renewed to the resend's now, or
+-- answers 2 (lost) if it was taken over meanwhile.  A delivery its sender
+-- no longer holds answers 2 too.
+local function acquire(limit, holder, max, now, stale_after, id, key, gen, now_text)
   -- a delivery another worker took over, or none holds (a send forgotten
   -- since parked and acknowledged it), is not admitted here
   if WORKER and holder_of(id) ~= WORKER then return 2 end
-  -- a slot set outlives its holders' renewals by far (they renew every
-  -- stale_after / 4), and at least a minute
-  local slot_ttl = math.floor(math.max(stale_after * 4, 60) * 1000)
-  local slots = S .. ':slots:' .. limit
+  local slots = P .. ':slots:' .. limit
   local function take()
     redis.call('ZADD', slots, now, holder)
-    redis.call('PEXPIRE', slots, slot_ttl)
-    restale_waiting(S, limit)
+    redis.call('PEXPIRE', slots, slot_ttl_ms(stale_after))
+    restale_waiting(P, limit)
     return 1
   end
   if redis.call('ZSCORE', slots, holder) then return take() end
@@ -34,39 +34,32 @@ local function acquire(limit, holder, max, now, stale_after, id, key, gen, S, no
   if tonumber(r[1] or '-1') == tonumber(gen) and r[4] then
     -- cancelled since its claim: it never waits, it concludes cancelled
     cancel_key(key, now_text, r[4])
-  elseif tonumber(r[1] or '-1') == tonumber(gen) and not (r[2] == limit and r[3] == S) then
-    redis.call('RPUSH', wait_key(S, limit), waiter(P, key))
-    restale(S, limit)
+  elseif tonumber(r[1] or '-1') == tonumber(gen) and not (r[2] == limit and r[3] == P) then
+    redis.call('RPUSH', wait_key(P, limit), waiter(P, key))
+    restale(P, limit)
     redis.call('SADD', P .. ':parked', key)
-    -- this docket's reads watch the shared namespace for stale slots
-    if S ~= P then redis.call('SADD', P .. ':pools', S) end
-    redis.call('HSET', run, 'state', 'scheduled', 'parked', limit, 'pin', S)
+    redis.call('HSET', run, 'state', 'scheduled', 'parked', limit, 'pin', P)
     redis.call('HDEL', run, 'worker', 'started')
     redis.call('DEL', prog_key(key))
     publish(key, {type = 'state', state = 'scheduled'})
   end
   return 0
 end
-local function replay(first, limit, holder, now, S)
-  if first ~= 1 then return first end
-  local slots = S .. ':slots:' .. limit
-  if not redis.call('ZSCORE', slots, holder) then return 2 end
-  redis.call('ZADD', slots, now, holder)
-  restale_waiting(S, limit)
-  return 1
-end
 local f = unpack_fields(ARGV[4])
 if #f % 10 ~= 0 then error('docket: acquire takes 10 fields an acquisition') end
+for i = 9, #f, 10 do
+  if f[i] ~= P then error('docket: acquire takes limits of its own namespace only') end
+end
 open_memo(ARGV[3])
 local acquired = {}
 for i = 1, #f, 10 do
   local first = recall(f[i + 9])
   if first then
-    acquired[#acquired + 1] = replay(first, f[i], f[i + 1], tonumber(f[i + 3]), f[i + 8])
+    acquired[#acquired + 1] = replay_slot(first, f[i], f[i + 1], tonumber(f[i + 3]))
   else
     acquired[#acquired + 1] = remember(f[i + 9], acquire(
       f[i], f[i + 1], tonumber(f[i + 2]), tonumber(f[i + 3]), tonumber(f[i + 4]), f[i + 5],
-      f[i + 6], f[i + 7], f[i + 8], f[i + 3]))
+      f[i + 6], f[i + 7], f[i + 3]))
   end
 end
 return acquired

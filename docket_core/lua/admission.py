@@ -2,8 +2,11 @@
 
 Pure translation, as ``protocol`` does it for the other effects: every
 argument is ``bytes``, every reply is decoded from the shapes both clients
-return.  Consecutive admissions share one call (``admit_fields`` packs one
-admission; the script answers one reply per admission).
+return.  An admission runs in the namespace of its controls (``admit_layout``:
+the docket's, or the scope's, so that a cluster routes the call to that
+slot); consecutive admissions of one namespace share one call
+(``admit_fields`` packs one admission; the script answers one reply per
+admission).
 """
 
 from __future__ import annotations
@@ -24,6 +27,16 @@ from .entries import pack, text
 
 if TYPE_CHECKING:  # (``protocol`` imports this module: no edge back)
     from .protocol import Layout
+
+
+def admit_layout(layout: Layout, effect: StoreEffect) -> Layout:
+    """The layout an admission's call runs in: ``layout`` (the docket's) for
+    controls without a scope, else the scope's (its prefix is the scope's
+    namespace, ``layout.namespace(scope)``)."""
+    assert isinstance(effect, Admit)
+    scope = effect.scope
+    return layout if scope is None else type(layout)(scope)
+
 
 #: the script's name (``docket_core/lua/admit.lua``)
 SCRIPT = "admit"
@@ -55,7 +68,8 @@ def control_fields(layout: Layout, control: Control) -> list[bytes]:
 
 
 def admit_fields(layout: Layout, effect: StoreEffect) -> bytes:
-    """One admission's eleven fields for the ``admit`` script."""
+    """One admission's twelve fields for the ``admit`` script (the last but
+    one: ``1`` when it runs in the docket's own namespace, ``Admit.settles``)."""
     assert isinstance(effect, Admit)
     message = effect.message
     controls = [field for c in effect.controls for field in control_fields(layout, c)]
@@ -71,6 +85,7 @@ def admit_fields(layout: Layout, effect: StoreEffect) -> bytes:
             _number(effect.stale_after),
             _number(effect.ttl),
             pack(controls),
+            b"1" if effect.settles else b"0",
             _request_seq(effect),
         ]
     )

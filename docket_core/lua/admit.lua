@@ -1,33 +1,39 @@
 -- Admit: ARGV = prefix, group, memo header, then the fields of one or more
--- admissions packed into one argument (unpack_fields), 11 each: delivery
+-- admissions packed into one argument (unpack_fields), 12 each: delivery
 -- id, task key, generation, function, payload, attempt, now, stale_after,
--- ttl, controls, request number.  ``controls`` packs 6 fields a control, in
--- gate order: kind ('debounce', 'cooldown' or 'ratelimit'), namespace (where
--- its state lives: the docket's prefix or "{scope}"), key, then for a
--- debounce its settle, for a cooldown its window, for a rate limit its
--- limit, per and drop ('1' or '0'); unused fields are ''.  The consecutive
--- admissions of a flush go in one call.
+-- ttl, controls, own, request number.  ``controls`` packs 6 fields a
+-- control, in gate order: kind ('debounce', 'cooldown' or 'ratelimit'),
+-- namespace (where its state lives: it must be this call's prefix P), key,
+-- then for a debounce its settle, for a cooldown its window, for a rate
+-- limit its limit, per and drop ('1' or '0'); unused fields are ''.  The
+-- consecutive admissions of a flush in one namespace go in one call.
 --
--- Judges each admission as docket_core/sansio/admission_state.py ``decide``
--- does (the reference: the same rules, comparisons and arithmetic, so both
--- stores answer alike to the last bit) and writes what the ruling changes.
--- A delivery not admitted is settled in the same step, as
+-- The call runs in the namespace of its controls: P is the docket's prefix
+-- ("{name}") when ``own`` is '1', else a scope's ("{scope}"), and the script
+-- touches only keys of P.  Judges each admission as
+-- docket_core/sansio/admission_state.py ``decide`` does (the reference: the
+-- same rules, comparisons and arithmetic, so both stores answer alike to the
+-- last bit) and writes what the ruling changes.  In the docket's own
+-- namespace only: an admission whose sender no longer holds the delivery
+-- (another worker does, or nobody) answers 'lost' and changes nothing, and
+-- a delivery not admitted is settled in the same step, as
 -- admission.settlement says: dropped, its key is recorded cancelled (as
 -- finish.lua does); rescheduled, its message is scheduled again at ``at``
 -- (as schedule.lua replaces with an expected generation); either way it is
--- acknowledged.  Returns one {verdict, at, blocker, repeat} per admission:
--- verdict 'admit', 'reschedule', 'drop' or 'lost' (another worker holds the
--- delivery now: nothing judged); at, the time to come back ('%.17g', or
--- ''); blocker, the 1-based index of the deciding control ('0': none);
--- repeat, '1' when an admitted execution had been admitted before.  Every
--- input is checked before the first write.  A resend answers its first
--- outcome, except that an 'admit' becomes 'lost' when another worker holds
--- the delivery by now.
+-- acknowledged.  In a scope's namespace the core settles it in the docket
+-- next.  Returns one {verdict, at, blocker, repeat} per admission: verdict
+-- 'admit', 'reschedule', 'drop' or 'lost'; at, the time to come back
+-- ('%.17g', or ''); blocker, the 1-based index of the deciding control
+-- ('0': none); repeat, '1' when an admitted execution had been admitted
+-- before.  Every input is checked before the first write.  A resend answers
+-- its first outcome (memo in P:did:<origin>), except that an 'admit' in the
+-- docket's own namespace becomes 'lost' when the sender no longer holds the
+-- delivery.
 --
--- State, per control (S = its namespace):
---   S:debounce:<key>   hash  seen, expires, due, winner?, ran? and displaced? (packed lists)
---   S:cooldown:<key>   hash  holder, until
---   S:ratelimit:<key>  zset  execution -> start
+-- State, per control:
+--   P:debounce:<key>   hash  seen, expires, due, winner?, ran? and displaced? (packed lists)
+--   P:cooldown:<key>   hash  holder, until
+--   P:ratelimit:<key>  zset  execution -> start
 -- A state counts as absent from its end (expires, until, the last start +
 -- 2 * per); the key's TTL runs a minute past that end (clocks disagree).
 
@@ -240,24 +246,53 @@ local function fits(window, now, per, limit)
   return true
 end
 
+-- the starts of k whose score lies in [low, high] (a band a margin wide)
+local function band(k, low, high)
+  local found = redis.call('ZRANGEBYSCORE', k, fmt(low), fmt(high), 'WITHSCORES')
+  local starts = {}
+  for i = 2, #found, 2 do starts[#starts + 1] = {found[i - 1], tonumber(found[i])} end
+  return starts
+end
+
+-- The log is never walked: score ranges are counted (ZCOUNT) with a margin
+-- far above the rounding of now +- per, and only the starts within a margin
+-- of a bound are compared as the reference compares them.
 local function judge_rate(c, a)
-  local k, now, per = state_key(c), a.now, c.per
-  -- starts are kept 2 * per
-  local old = redis.call('ZRANGEBYSCORE', k, '-inf', fmt(now - per), 'WITHSCORES')
-  for i = 1, #old, 2 do
-    if tonumber(old[i + 1]) + 2 * per <= now then redis.call('ZREM', k, old[i]) end
+  local k, now, per, limit = state_key(c), a.now, c.per, c.limit
+  local m = (math.abs(now) + 2 * per) * 1e-12
+  -- starts are kept 2 * per (s + 2 * per > now)
+  local edge = now - 2 * per
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', '(' .. fmt(edge - m))
+  for _, start in ipairs(band(k, edge - m, edge + m)) do
+    if start[2] + 2 * per <= now then redis.call('ZREM', k, start[1]) end
   end
-  local all = redis.call('ZRANGE', k, 0, -1, 'WITHSCORES')
-  local rep, window = false, {}
-  for i = 1, #all, 2 do
-    local s = tonumber(all[i + 1])
-    if all[i] == a.execution then rep = true end
-    if s + per > now and s < now + per then window[#window + 1] = s end
+  if redis.call('ZSCORE', k, a.execution) then return {verdict = 'admit', rep = true} end
+  -- the window: s + per > now and s < now + per; fewer than limit starts
+  -- within a margin of it: no window can be full
+  local low, high = now - per, now + per
+  if redis.call('ZCOUNT', k, fmt(low - m), fmt(high + m)) < limit then
+    return {verdict = 'admit'}
   end
-  if rep then return {verdict = 'admit', rep = true} end
-  if fits(window, now, per, c.limit) then return {verdict = 'admit'} end
+  if high > now and redis.call('ZCOUNT', k, '(' .. fmt(now), '+inf') == 0 then
+    -- no start after now (a faster clock's): fits counts the one window
+    -- (now - per, now], whose limit-th latest start is the log's
+    local inside = redis.call('ZCOUNT', k, '(' .. fmt(low + m), fmt(now))
+    for _, start in ipairs(band(k, low - m, low + m)) do
+      if start[2] + per > now then inside = inside + 1 end
+    end
+    if inside < limit then return {verdict = 'admit'} end
+    if c.drop then return {verdict = 'drop'} end
+    local nth = redis.call('ZRANGE', k, -limit, -limit, 'WITHSCORES')
+    return {verdict = 'reschedule', at = tonumber(nth[2]) + per}
+  end
+  local window = {}
+  for _, start in ipairs(band(k, low - m, high + m)) do
+    local s = start[2]
+    if s + per > now and s < high then window[#window + 1] = s end
+  end
+  if fits(window, now, per, limit) then return {verdict = 'admit'} end
   if c.drop then return {verdict = 'drop'} end
-  return {verdict = 'reschedule', at = window[#window - c.limit + 1] + per}
+  return {verdict = 'reschedule', at = window[#window - limit + 1] + per}
 end
 
 local function settle_rate(c, j, ruling, a)
@@ -304,7 +339,8 @@ local function reschedule(a, at)
     return
   end
   unqueue(a.key)
-  redis.call('HDEL', run, 'worker', 'started', 'completed', 'error', 'result', 'cancel')
+  redis.call('HDEL', run, 'worker', 'started', 'completed', 'error', 'result', 'cancel',
+             'slot', 'pin')
   redis.call('PERSIST', run)
   redis.call('DEL', prog_key(a.key))
   local gen = next_generation()
@@ -338,8 +374,9 @@ local function admit(a)
   end
   local ruling = {verdict = verdict, at = at}
   for _, cj in ipairs(judged) do SETTLE[cj[1].kind](cj[1], cj[2], ruling, a) end
-  if verdict == 'drop' then drop(a) end
-  if verdict == 'reschedule' then reschedule(a, at) end
+  -- (in a scope's namespace the core settles a blocked delivery next)
+  if a.own and verdict == 'drop' then drop(a) end
+  if a.own and verdict == 'reschedule' then reschedule(a, at) end
   local at_text = ''
   if at then at_text = fmt(at) end
   local rep_text = '0'
@@ -347,24 +384,35 @@ local function admit(a)
   return {verdict, at_text, tostring(blocker), rep_text}
 end
 
+-- whether the sender still holds the delivery (checked in the docket's own
+-- namespace only: another worker's, or nobody's, is not admitted here)
+local function sender_holds(a)
+  return not a.own or not WORKER or holder_of(a.id) == WORKER
+end
+
 -- check every input before the first write
 local f = unpack_fields(ARGV[4])
-if #f % 11 ~= 0 then error('docket: admit takes 11 fields an admission') end
+if #f % 12 ~= 0 then error('docket: admit takes 12 fields an admission') end
 local admissions = {}
-for i = 1, #f, 11 do
+for i = 1, #f, 12 do
   local generation = number_at_least(f[i + 2], 0, 'generation')
   local a = {id = f[i], key = f[i + 1], generation = generation,
              execution = f[i + 1] .. '#' .. f[i + 2], fn = f[i + 3], payload = f[i + 4],
              attempt = f[i + 5], now_text = f[i + 6],
              now = number_at_least(f[i + 6], -math.huge, 'now'),
              stale = number_at_least(f[i + 7], 0, 'stale_after'),
-             ttl = f[i + 8], seq = f[i + 10], controls = {}}
+             ttl = f[i + 8], own = f[i + 10] == '1', seq = f[i + 11], controls = {}}
   number_at_least(a.attempt, 1, 'attempt')
   number_at_least(a.ttl, 0, 'ttl')
+  if f[i + 10] ~= '1' and f[i + 10] ~= '0' then error('docket: admit: malformed own flag') end
   local c = unpack_fields(f[i + 9])
   if #c % 6 ~= 0 then error('docket: admit takes 6 fields a control') end
   for j = 1, #c, 6 do
     local control = {kind = c[j], ns = c[j + 1], key = c[j + 2]}
+    -- one slot a call: a control of another namespace goes in its own call
+    if control.ns ~= P then
+      error('docket: admit: a control of ' .. tostring(control.ns) .. ' in a call of ' .. P)
+    end
     if control.kind == 'debounce' then
       control.settle = number_at_least(c[j + 3], 0, 'settle')
     elseif control.kind == 'cooldown' then
@@ -389,8 +437,8 @@ local replies = {}
 for _, a in ipairs(admissions) do
   local first = recall(a.seq)
   if first then
-    if first[1] == 'admit' and taken_over(a.id) then first = LOST end
-  elseif taken_over(a.id) then
+    if first[1] == 'admit' and not sender_holds(a) then first = LOST end
+  elseif not sender_holds(a) then
     first = remember(a.seq, LOST)
   else
     first = remember(a.seq, admit(a))
@@ -399,11 +447,5 @@ for _, a in ipairs(admissions) do
 end
 -- a new soonest message: wake one blocked reader so it re-arms its timer
 -- (as schedule.lua does)
-if before then
-  local after = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
-  if after[1] and (not before[1] or after[1] ~= before[1] or after[2] ~= before[2]) then
-    wake_group(false)
-    redis.call('XADD', WAKE, 'MAXLEN', 1, '*', 'wake', '1')
-  end
-end
+if before then rearm(before) end
 return replies

@@ -77,8 +77,10 @@ SERVER_TICK = 0.1
 #: and the messages redis-py keeps once it has turned the code into a class
 #: (``OutOfMemoryError``: "command not allowed when used memory > ...")
 _TRANSIENT = re.compile(
-    r"\b(loading|busy|tryagain|masterdown|clusterdown|readonly|oom|noreplicas|unblocked|moved|ask)\b"
-    r"|non local key|is loading the dataset|busy running a script|command not allowed when used memory"
+    r"\b(loading|busy|tryagain|masterdown|clusterdown|readonly|oom|noreplicas|unblocked"
+    r"|moved|ask)\b"
+    r"|non local key|is loading the dataset|busy running a script"
+    r"|command not allowed when used memory"
     r"|read only replica|link with master is down|not enough good replicas",
     re.IGNORECASE,
 )
@@ -119,7 +121,10 @@ class ScriptedStore(abc.ABC):
     @abc.abstractmethod
     async def run_calls(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run the calls in order in one round trip; return their replies.
-        Raise ``StoreError`` when the server is unreachable or fails."""
+        Raise ``StoreError`` when the server is unreachable or fails.  On a
+        cluster, whose pipelines run their nodes side by side, one round trip
+        per run of consecutive calls in one slot (``protocol.same_slot_groups``),
+        each after the one before has answered."""
 
     @abc.abstractmethod
     async def read_blocking(
@@ -172,6 +177,8 @@ class ScriptedStore(abc.ABC):
     async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
         if not effects:
             return []
+        # (the calls may name several namespaces, a scoped limit's chain: an
+        # adapter on a cluster sends them group after group, ``run_calls``)
         calls = calls_for(self.layout, effects)
         replies = await self.run_calls([call for call, _ in calls])
         return outcomes_for(effects, calls, replies)
@@ -257,6 +264,13 @@ class ScriptedStore(abc.ABC):
     async def pending(self) -> int:
         (reply,) = await self.run_calls([self.layout.call("inspect", "pending", "0")])
         return int(reply)
+
+    async def record_partitions(self, expected: int, new: int) -> int:
+        if expected < 1 or new < 1:
+            raise ValueError(f"partition counts are at least 1, not {expected} and {new}")
+        call = self.layout.call("layout", str(expected), str(new))
+        (reply,) = await self.run_calls([call])
+        return int(text(reply))
 
     async def depths(self, now: float) -> Depths:
         (reply,) = await self.run_calls([self.layout.call("inspect", "depths", number(now))])

@@ -1,7 +1,11 @@
 -- Shared by every docket script (prepended to each).  ARGV[1] is always the
--- key prefix (the docket's hash tag, "{name}"), ARGV[2] the consumer group.
--- Every key of a docket starts with the prefix, so all of them hash to one
--- cluster slot; per-task keys are derived here from the prefix.
+-- key prefix (the hash tag the call runs in: a docket's "{name}", or a
+-- scope's "{scope}"), ARGV[2] the consumer group.  A script touches only
+-- keys that start with its prefix, so all of them hash to one cluster slot;
+-- per-task keys are derived here from the prefix.  Every call declares
+-- KEYS = P:q, P:fence, and nothing ever writes P:fence: on a cluster, while
+-- the slot moves, the server answers the whole call TRYAGAIN (or ASK), so
+-- no script runs on half a slot.
 local P = ARGV[1]
 local GROUP = ARGV[2]
 local Q = P .. ':q'
@@ -74,15 +78,46 @@ local function run_key(key) return P .. ':run:' .. key end
 local function msg_key(key) return P .. ':msg:' .. key end
 local function prog_key(key) return P .. ':prog:' .. key end
 
--- Concurrency slots and waiters live in a namespace S: the docket's own
--- prefix, or "{scope}" for a limit whose scope dockets share.  A waiter entry
--- names its docket's prefix too, since a release in one docket may wake a
--- task of another: the fields prefix and key, packed as a batch's are.
+-- Concurrency slots live in a namespace S: the docket's own prefix for a
+-- limit without a scope (acquire.lua, release.lua: S is P), or "{scope}"
+-- for a limit whose scope dockets share (the chain of take.lua, confirm.lua
+-- or park.lua, release.lua, wake.lua, enlist.lua: each step in one slot).
+-- A limit without a scope parks its keys in P:wait:<limit> (a list of
+-- entries naming the docket's prefix and the key, packed as a batch's
+-- fields are: an older docket also kept other dockets' keys there); a
+-- scoped one in P:waiters:<S>|<limit> (zset key -> when it parked; not in
+-- P:parked: its message waits in P:due at its retry time, and counts there),
+-- and registers P among the limit's waiting dockets, S:stale:<limit>.
 local function wait_key(S, limit) return S .. ':wait:' .. limit end
+local function waiters_key(S, limit) return P .. ':waiters:' .. S .. '|' .. limit end
 local function waiter(prefix, key) return #prefix .. ':' .. prefix .. #key .. ':' .. key end
 local function waiter_of(entry)
   local fields = unpack_fields(entry)
   return fields[1], fields[2]
+end
+-- a slot set (and a scoped limit's waiting dockets) outlives its holders'
+-- renewals by far (they renew every stale_after / 4), and at least a minute
+local function slot_ttl_ms(stale_after)
+  return math.floor(math.max(tonumber(stale_after) * 4, 60) * 1000)
+end
+-- pop the member of zset `key` with the lowest score (ties: the smallest
+-- member), as ZPOPMIN does; returns the member and its score, or false
+local function pop_oldest(key)
+  local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if not oldest[1] then return false end
+  redis.call('ZREM', key, oldest[1])
+  return oldest[1], oldest[2]
+end
+-- take a parked key off its limit's waiters (its record's parked and pin:
+-- the limit and its namespace); a key parked behind a limit of this
+-- docket's own namespace may wait in either structure, one of another
+-- namespace only in P:waiters (its S:wait is another slot's key)
+local function unpark(key, run, limit, S)
+  S = S or P
+  if S == P then redis.call('LREM', wait_key(P, limit), 0, waiter(P, key)) end
+  redis.call('ZREM', waiters_key(S, limit), key)
+  redis.call('HDEL', run, 'parked', 'pin')
+  redis.call('SREM', P .. ':parked', key)
 end
 
 -- the wake stream and its consumer group (a blocked read names both streams);
@@ -95,20 +130,18 @@ local function wake_group(repair)
   end
 end
 
--- p: the prefix of the docket the key belongs to (P unless given)
-local function publish(key, event, p)
+local function publish(key, event)
   event['key'] = key
-  redis.call('PUBLISH', (p or P) .. ':events:' .. key, cjson.encode(event))
+  redis.call('PUBLISH', P .. ':events:' .. key, cjson.encode(event))
 end
 
 -- queue a message now: XADD it and remember its entry id on the record.  A
 -- field missing (a hash that was not ours) is left out, never an error after
 -- the caller's first write: the worker that reads the entry sets it aside
-local function enqueue(key, fn, payload, when, attempt, gen, p)
-  p = p or P
+local function enqueue(key, fn, payload, when, attempt, gen)
   local sid
   if fn and payload and when and attempt and gen then
-    sid = redis.call('XADD', p .. ':q', '*', 'k', key, 'f', fn, 'p', payload,
+    sid = redis.call('XADD', Q, '*', 'k', key, 'f', fn, 'p', payload,
                      'w', when, 'a', attempt, 'g', gen)
   else
     local fields, values = {'k', key}, {fn, payload, when, attempt, gen}
@@ -118,10 +151,10 @@ local function enqueue(key, fn, payload, when, attempt, gen, p)
         fields[#fields + 1] = values[i]
       end
     end
-    sid = redis.call('XADD', p .. ':q', '*', unpack(fields))
+    sid = redis.call('XADD', Q, '*', unpack(fields))
   end
-  redis.call('HSET', p .. ':run:' .. key, 'state', 'queued', 'sid', sid)
-  publish(key, {type = 'state', state = 'queued', when = tonumber(when or '')}, p)
+  redis.call('HSET', run_key(key), 'state', 'queued', 'sid', sid)
+  publish(key, {type = 'state', state = 'queued', when = tonumber(when or '')})
   return sid
 end
 
@@ -146,11 +179,7 @@ local function unqueue(key)
   redis.call('ZREM', DUE, key)
   redis.call('DEL', msg_key(key))
   local parked = redis.call('HMGET', run, 'parked', 'pin')
-  if parked[1] then
-    redis.call('LREM', wait_key(parked[2] or P, parked[1]), 0, waiter(P, key))
-    redis.call('HDEL', run, 'parked', 'pin')
-    redis.call('SREM', P .. ':parked', key)
-  end
+  if parked[1] then unpark(key, run, parked[1], parked[2]) end
 end
 
 local function acknowledge(id)
@@ -168,10 +197,13 @@ local function taken_over(id)
   return holder and holder ~= WORKER
 end
 
+-- an ended record: its progress goes, and the scoped slot its run held
+-- (ConfirmSlot's 'slot' and 'pin'); the record lives ttl seconds more
 local function conclude(key, ttl)
   local run = run_key(key)
   redis.call('DEL', prog_key(key))
   if tonumber(ttl) > 0 then
+    redis.call('HDEL', run, 'slot', 'pin')
     redis.call('PEXPIRE', run, math.floor(tonumber(ttl) * 1000))
   else
     redis.call('DEL', run)
@@ -223,33 +255,80 @@ local function restale_waiting(S, limit)
   if redis.call('ZSCORE', S .. ':stale', limit) then restale(S, limit) end
 end
 
--- queue the oldest live waiter of limit in namespace S; returns 1 if one woke
-local function wake(S, limit, now)
-  local waiting = wait_key(S, limit)
+-- renew the slots named by the (limit, holder) pairs of ARGV from index
+-- `from` on, in this namespace, to now: each slot set (and the limit's
+-- waiting dockets) then lives slot_ttl ms more.  Returns the holders whose
+-- slots are gone (taken over as stale)
+local function renew_slots(from, now, slot_ttl)
+  local lost = {}
+  for i = from, #ARGV, 2 do
+    local limit, holder = ARGV[i], ARGV[i + 1]
+    local slots = P .. ':slots:' .. limit
+    if redis.call('ZSCORE', slots, holder) then
+      redis.call('ZADD', slots, now, holder)
+      redis.call('PEXPIRE', slots, slot_ttl)
+      redis.call('PEXPIRE', P .. ':stale:' .. limit, slot_ttl)
+      restale_waiting(P, limit)
+    else
+      lost[#lost + 1] = holder
+    end
+  end
+  return lost
+end
+
+-- queue the oldest live waiter of a limit without a scope (its namespace is
+-- P); returns 1 if one woke.  An entry of another docket (an older docket
+-- parked scoped keys here) lives in another slot: it is dropped
+local function wake(limit, now)
+  local waiting = wait_key(P, limit)
   while true do
     local entry = redis.call('LPOP', waiting)
     if not entry then
-      redis.call('ZREM', S .. ':stale', limit)
-      redis.call('HDEL', S .. ':woken', limit)
+      redis.call('ZREM', P .. ':stale', limit)
+      redis.call('HDEL', P .. ':woken', limit)
       return 0
     end
     local p, key = waiter_of(entry)
-    local run = p .. ':run:' .. key
-    local r = redis.call('HMGET', run, 'state', 'parked', 'pin', 'f', 'p', 'w', 'a', 'g')
-    if r[1] == 'scheduled' and r[2] == limit and r[3] == S then
+    local run = p == P and run_key(key)
+    local r = run and redis.call('HMGET', run, 'state', 'parked', 'pin', 'f', 'p', 'w', 'a', 'g')
+    if r and r[1] == 'scheduled' and r[2] == limit and (r[3] or P) == P then
       redis.call('HDEL', run, 'parked', 'pin')
-      redis.call('SREM', p .. ':parked', key)
+      redis.call('SREM', P .. ':parked', key)
       local when = r[6]
       if (tonumber(when or '') or 0) > tonumber(now) then when = now end
-      enqueue(key, r[4], r[5], when, r[7], r[8], p)
+      enqueue(key, r[4], r[5], when, r[7], r[8])
       if redis.call('LLEN', waiting) == 0 then
-        redis.call('ZREM', S .. ':stale', limit)
-        redis.call('HDEL', S .. ':woken', limit)
+        redis.call('ZREM', P .. ':stale', limit)
+        redis.call('HDEL', P .. ':woken', limit)
       else
-        redis.call('HSET', S .. ':woken', limit, now)
-        restale(S, limit)
+        redis.call('HSET', P .. ':woken', limit, now)
+        restale(P, limit)
       end
       return 1
     end
   end
+end
+
+-- a new soonest scheduled message (the head of P:due was `before`: ZRANGE
+-- 0 0 WITHSCORES): wake one blocked reader so it re-arms its timer (the wake
+-- stream keeps one entry: a reader woken takes the soonest due time from its
+-- next read, so wake-ups nobody has read yet add nothing)
+local function rearm(before)
+  local after = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
+  if after[1] and (not before[1] or after[1] ~= before[1] or after[2] ~= before[2]) then
+    wake_group(false)
+    redis.call('XADD', WAKE, 'MAXLEN', 1, '*', 'wake', '1')
+  end
+end
+
+-- a resent slot acquisition (acquire, take) whose first answer was ``first``:
+-- one that acquired (1) renews the slot to the resend's ``now`` if ``holder``
+-- still holds it, else answers lost (2); any other answer stands
+local function replay_slot(first, limit, holder, now)
+  if first ~= 1 then return first end
+  local slots = P .. ':slots:' .. limit
+  if not redis.call('ZSCORE', slots, holder) then return 2 end
+  redis.call('ZADD', slots, now, holder)
+  restale_waiting(P, limit)
+  return 1
 end

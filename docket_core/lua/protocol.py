@@ -19,13 +19,18 @@ from ..sansio.effects import (
     BuryMalformed,
     Cancel,
     Claim,
+    ConfirmSlot,
+    Enlist,
     Finish,
     Heartbeat,
+    Park,
     ReleaseSlot,
     RenewLeases,
     Request,
     Schedule,
     StoreEffect,
+    TakeSlot,
+    WakeParked,
 )
 from ..sansio.errors import StoreError
 from ..sansio.inputs import (
@@ -33,18 +38,23 @@ from ..sansio.inputs import (
     Cancelled,
     Claimed,
     ClaimVerdict,
+    Enlisted,
     Finished,
     HeartbeatSent,
     LeasesRenewed,
     Outcome,
+    Parked,
     Scheduled,
     SlotAcquired,
+    SlotConfirmed,
     SlotReleased,
+    SlotTaken,
+    WokeParked,
 )
 from ..sansio.values import (
     ExecutionState,
 )
-from .admission import admit_fields, admitted_from_reply
+from .admission import admit_fields, admit_layout, admitted_from_reply
 from .entries import pack, text
 
 GROUP = "docket-workers"
@@ -68,16 +78,27 @@ def number_bytes(value: float) -> bytes:
 
 @attrs.frozen(slots=True, kw_only=True)
 class ScriptCall:
-    """Run script ``name`` with ``keys`` and ``args``."""
+    """Run script ``name`` with ``keys`` and ``args`` in ``layout``: the
+    namespace (one hash tag, so one cluster slot) whose keys the script
+    touches, and whose keys the call declares for routing."""
 
     name: str
     keys: tuple[str, ...]
     args: tuple[str | bytes, ...]
+    layout: Layout | None = None
+
+    @property
+    def tag(self) -> str:
+        """The hash tag the call runs in (its keys' ``{...}``)."""
+        if self.layout is not None:
+            return self.layout.prefix
+        return self.keys[0].partition("}")[0] + "}" if self.keys else ""
 
 
 @attrs.frozen(slots=True)
 class Layout:
-    """The key names of one docket."""
+    """The key names of one namespace: a docket's (``Layout(name)``), or the
+    one every docket naming a scope shares (``Layout(scope)``)."""
 
     name: str
 
@@ -129,11 +150,13 @@ class Layout:
         return self.prefix if scope is None else "{" + scope + "}"
 
     def call(self, name: str, *args: str | bytes) -> ScriptCall:
-        return ScriptCall(name=name, keys=(self.stream, self.fence), args=(self.prefix, GROUP, *args))
+        """A call of script ``name`` in this namespace: it declares the queue
+        and the fence, so a cluster client routes it to this slot's node."""
+        return ScriptCall(
+            name=name, keys=(self.stream, self.fence), args=(self.prefix, GROUP, *args), layout=self
+        )
 
-    def remembered_call(
-        self, name: str, request: Request | None, *args: str | bytes
-    ) -> ScriptCall:
+    def remembered_call(self, name: str, request: Request | None, *args: str | bytes) -> ScriptCall:
         """A call of a script that remembers outcomes for resends: ARGV[3] is
         the memo header of ``request`` (``open_memo`` in the prelude)."""
         return self.call(name, memo_header(request), *args)
@@ -222,8 +245,11 @@ def schedule_fields(layout: Layout, effect: StoreEffect) -> bytes:
 
 
 def acquire_fields(layout: Layout, effect: StoreEffect) -> bytes:
-    """One acquisition's fields for the ``acquire`` script."""
+    """One acquisition's fields for the ``acquire`` script (a limit without a
+    scope: a scoped one takes the chain, ``TakeSlot``)."""
     assert isinstance(effect, AcquireSlot)
+    if layout.namespace(effect.scope) != layout.prefix:
+        raise ValueError(f"a scoped limit is taken with TakeSlot, not {effect!r}")
     return pack_fields(
         effect.limit_key.encode(),
         effect.holder.encode(),
@@ -233,46 +259,141 @@ def acquire_fields(layout: Layout, effect: StoreEffect) -> bytes:
         effect.delivery_id.encode(),
         effect.message.key.encode(),
         b"%d" % effect.message.generation,
-        layout.namespace(effect.scope).encode(),
+        layout.prefix.encode(),
         request_seq(effect),
     )
 
 
-#: effects whose consecutive runs share one script call (it loops over the
-#: packed fields and answers one reply per effect): kind -> (script, fields)
+def take_fields(layout: Layout, effect: StoreEffect) -> bytes:
+    """One take's fields for the ``take`` script (run in the scope's namespace)."""
+    assert isinstance(effect, TakeSlot)
+    return pack(
+        (
+            effect.limit_key.encode(),
+            effect.holder.encode(),
+            b"%d" % effect.max_concurrent,
+            number_bytes(effect.now),
+            number_bytes(effect.stale_after),
+            effect.docket.encode(),
+            request_seq(effect),
+        )
+    )
+
+
+def confirm_fields(layout: Layout, effect: StoreEffect) -> bytes:
+    """One confirmation's fields for the ``confirm`` script."""
+    assert isinstance(effect, ConfirmSlot)
+    return pack(
+        (
+            effect.worker.encode(),
+            effect.delivery_id.encode(),
+            effect.key.encode(),
+            b"%d" % effect.generation,
+            effect.limit_key.encode(),
+            layout.namespace(effect.scope).encode(),
+        )
+    )
+
+
+def park_fields(layout: Layout, effect: StoreEffect) -> bytes:
+    """One parking's 12 fields for the ``park`` script."""
+    assert isinstance(effect, Park)
+    m = effect.message
+    return pack(
+        (
+            effect.delivery_id.encode(),
+            m.key.encode(),
+            m.function.encode(),
+            m.payload,
+            number_bytes(m.when),
+            b"%d" % m.attempt,
+            b"%d" % m.generation,
+            effect.limit_key.encode(),
+            layout.namespace(effect.scope).encode(),
+            number_bytes(effect.now),
+            number_bytes(effect.retry_at),
+            request_seq(effect),
+        )
+    )
+
+
+#: effects whose consecutive runs in one namespace share one script call (it
+#: loops over the packed fields and answers one reply per effect): kind ->
+#: (script, fields)
 BATCHED: dict[type[StoreEffect], tuple[str, Callable[[Layout, StoreEffect], bytes]]] = {
     Finish: ("finish", finish_fields),
     Schedule: ("schedule", schedule_fields),
     AcquireSlot: ("acquire", acquire_fields),
     Admit: ("admit", admit_fields),
+    TakeSlot: ("take", take_fields),
+    ConfirmSlot: ("confirm", confirm_fields),
+    Park: ("park", park_fields),
 }
+
+
+def layout_for(layout: Layout, effect: StoreEffect) -> Layout:
+    """The namespace the call of ``effect`` runs in (docket ``layout``'s own,
+    a scope's, or the docket whose parked keys ``WakeParked`` wakes)."""
+    if isinstance(effect, TakeSlot | Enlist):
+        return Layout(effect.scope)
+    if isinstance(effect, ReleaseSlot) and effect.scope is not None:
+        return Layout(effect.scope)
+    if isinstance(effect, WakeParked):
+        return Layout(effect.docket)
+    if isinstance(effect, Admit):
+        return admit_layout(layout, effect)
+    return layout
 
 
 def calls_for(layout: Layout, effects: Sequence[StoreEffect]) -> list[tuple[ScriptCall, int]]:
     """The script calls that carry out ``effects``, in order, each with how
-    many effects it covers: consecutive finishes (or schedules) share one call."""
+    many effects it covers: consecutive finishes (or schedules...) in one
+    namespace share one call.  A renewal holding scoped slots is split per
+    namespace: its first call covers it, the others cover 0 (their replies
+    add to its outcome).  ``same_slot_groups`` cuts the calls into round
+    trips."""
     calls: list[tuple[ScriptCall, int]] = []
     run: list[bytes] = []
-    run_kind: type[StoreEffect] | None = None
+    run_of: tuple[type[StoreEffect], Layout] | None = None
     script = ""
     covered = 0
     request: Request | None = None
     for effect in effects:
-        kind = type(effect)
-        if covered and kind is not run_kind:
-            calls.append((layout.remembered_call(script, request, b"".join(run)), covered))
+        kind, where = type(effect), layout_for(layout, effect)
+        if covered and (kind, where) != run_of:
+            assert run_of is not None
+            calls.append((run_of[1].remembered_call(script, request, b"".join(run)), covered))
             run, covered, request = [], 0, None
         batched = BATCHED.get(kind)
         if batched is None:
-            calls.append((call_for(layout, effect), 1))
+            if isinstance(effect, RenewLeases):
+                parts = renewal_calls(layout, effect)
+                calls += [(part, 1 if n == 0 else 0) for n, part in enumerate(parts)]
+            else:
+                calls.append((call_for(layout, effect), 1))
             continue
-        run_kind, (script, fields) = kind, batched
+        run_of, (script, fields) = (kind, where), batched
         run.append(fields(layout, effect))
         request = request or getattr(effect, "request", None)
         covered += 1
     if covered:
-        calls.append((layout.remembered_call(script, request, b"".join(run)), covered))
+        assert run_of is not None
+        calls.append((run_of[1].remembered_call(script, request, b"".join(run)), covered))
     return calls
+
+
+def same_slot_groups(calls: Sequence[ScriptCall]) -> list[list[ScriptCall]]:
+    """``calls`` cut into runs of consecutive calls in one namespace, in
+    order: on a cluster each run is one round trip, sent after the one
+    before has answered (a cluster pipeline runs its nodes side by side, and
+    a ``Finish`` in ``P`` must go before the ``ReleaseSlot`` in ``S``)."""
+    groups: list[list[ScriptCall]] = []
+    for call in calls:
+        if groups and groups[-1][-1].tag == call.tag:
+            groups[-1].append(call)
+        else:
+            groups.append([call])
+    return groups
 
 
 def outcomes_for(
@@ -282,7 +403,9 @@ def outcomes_for(
     outcomes: list[Outcome] = []
     index = 0
     for (_, covered), reply in zip(calls, replies, strict=True):
-        if type(effects[index]) not in BATCHED:
+        if covered == 0:  # a further part of the renewal before
+            outcomes[-1] = merged_renewal(outcomes[-1], effects[index - 1], reply)
+        elif type(effects[index]) not in BATCHED:
             outcomes.append(outcome_for(effects[index], reply))
         else:
             try:
@@ -297,8 +420,46 @@ def outcomes_for(
     return outcomes
 
 
+def renewal_calls(layout: Layout, effect: RenewLeases) -> list[ScriptCall]:
+    """The calls of a renewal: ``renew`` in ``P`` (the deliveries and the
+    slots of limits without a scope), then one ``renew_slots`` in each
+    scope's namespace its slots name, in the order they first appear."""
+    own: list[str] = []
+    scoped: dict[str, list[str]] = {}
+    for slot in effect.slots:
+        where = layout.namespace(slot.scope)
+        pairs = own if where == layout.prefix else scoped.setdefault(slot.scope or "", [])
+        pairs += [slot.limit_key, slot.holder]
+    now = number(effect.now)
+    calls = [
+        layout.call(
+            "renew",
+            effect.worker,
+            now,
+            RENEWED_SLOT_TTL_MS,
+            str(len(effect.delivery_ids)),
+            *effect.delivery_ids,
+            *own,
+        )
+    ]
+    for scope, pairs in scoped.items():
+        calls.append(Layout(scope).call("renew_slots", now, RENEWED_SLOT_TTL_MS, *pairs))
+    return calls
+
+
+def merged_renewal(outcome: Outcome, effect: StoreEffect, reply: Any) -> Outcome:
+    """A renewal's outcome with the lost slots of one more of its parts."""
+    part = outcome_for(effect, reply)
+    if not isinstance(outcome, LeasesRenewed) or not isinstance(part, LeasesRenewed):
+        raise StoreError(f"a split renewal answered {reply!r} to {effect!r}")
+    return attrs.evolve(
+        outcome, lost=outcome.lost + part.lost, lost_slots=outcome.lost_slots + part.lost_slots
+    )
+
+
 def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
-    """The script call that carries out one effect that is not batched."""
+    """The script call that carries out one effect that is not batched (a
+    renewal holding scoped slots takes several: ``calls_for``)."""
     kind = type(effect)
     if kind is Claim:
         assert isinstance(effect, Claim)
@@ -315,28 +476,35 @@ def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
         )
     if kind is RenewLeases:
         assert isinstance(effect, RenewLeases)
-        slots: list[str] = []
-        for slot in effect.slots:
-            slots += [layout.namespace(slot.scope), slot.limit_key, slot.holder]
-        return layout.call(
-            "renew",
-            effect.worker,
-            number(effect.now),
-            RENEWED_SLOT_TTL_MS,
-            str(len(effect.delivery_ids)),
-            *effect.delivery_ids,
-            *slots,
-        )
+        calls = renewal_calls(layout, effect)
+        if len(calls) > 1:
+            raise ValueError(f"a renewal of scoped slots takes several calls: {effect!r}")
+        return calls[0]
     if kind is ReleaseSlot:
         assert isinstance(effect, ReleaseSlot)
-        return layout.remembered_call(
+        return layout_for(layout, effect).remembered_call(
             "release",
             effect.request,
             request_seq(effect).decode(),
             effect.limit_key,
             effect.holder,
             number(effect.now),
+            "1" if effect.pass_on else "0",
+        )
+    if kind is WakeParked:
+        assert isinstance(effect, WakeParked)
+        return Layout(effect.docket).remembered_call(
+            "wake",
+            effect.request,
+            request_seq(effect).decode(),
+            effect.limit_key,
             layout.namespace(effect.scope),
+            number(effect.now),
+        )
+    if kind is Enlist:
+        assert isinstance(effect, Enlist)
+        return Layout(effect.scope).call(
+            "enlist", effect.limit_key, effect.docket, number(effect.since)
         )
     if kind is Cancel:
         assert isinstance(effect, Cancel)
@@ -419,7 +587,36 @@ def outcome_for(effect: StoreEffect, reply: Any) -> Outcome:
             return admitted_from_reply(effect, reply)
         if kind is ReleaseSlot:
             assert isinstance(effect, ReleaseSlot)
-            return SlotReleased(limit_key=effect.limit_key, woken=int(reply))
+            woken, wake = reply
+            return SlotReleased(
+                limit_key=effect.limit_key, woken=int(woken), wake=text(wake) or None
+            )
+        if kind is TakeSlot:
+            assert isinstance(effect, TakeSlot)
+            verdict = int(reply)
+            return SlotTaken(
+                delivery_id=effect.delivery_id, acquired=verdict == 1, lost=verdict == 2
+            )
+        if kind is ConfirmSlot:
+            assert isinstance(effect, ConfirmSlot)
+            return SlotConfirmed(delivery_id=effect.delivery_id, lost=int(reply) == 2)
+        if kind is Park:
+            assert isinstance(effect, Park)
+            verdict = int(reply)
+            return Parked(delivery_id=effect.delivery_id, parked=verdict == 1, lost=verdict == 2)
+        if kind is WakeParked:
+            assert isinstance(effect, WakeParked)
+            woken, remaining, oldest = reply
+            return WokeParked(
+                docket=effect.docket,
+                limit_key=effect.limit_key,
+                woken=int(woken),
+                remaining=int(remaining),
+                oldest=float(text(oldest)) if text(oldest) else None,
+            )
+        if kind is Enlist:
+            assert isinstance(effect, Enlist)
+            return Enlisted(docket=effect.docket, limit_key=effect.limit_key)
         if kind is Cancel:
             assert isinstance(effect, Cancel)
             previous = text(reply)

@@ -15,42 +15,42 @@ for _, key in ipairs(due) do
   local m = redis.call('HMGET', msg_key(key), 'f', 'p', 'w', 'a', 'g')
   redis.call('ZREM', DUE, key)
   redis.call('DEL', msg_key(key))
+  local run = run_key(key)
+  local r = redis.call('HMGET', run, 'state', 'parked', 'pin')
+  -- a key parked behind a scoped limit whose wake-up never came: it is
+  -- retried now (its claim takes the slot, or parks it again)
+  if r[2] then unpark(key, run, r[2], r[3]) end
   -- a message that lost fields is queued as it is (the reader sets it aside)
-  if m[1] or m[2] or m[3] or m[4] or m[5] or redis.call('HGET', run_key(key), 'state') == 'scheduled' then
+  if m[1] or m[2] or m[3] or m[4] or m[5] or r[1] == 'scheduled' then
     enqueue(key, m[1], m[2], m[3], m[4], m[5])
   end
 end
 -- free the slots of holders that stopped renewing (their worker died) and
 -- wake a waiter for each; a limit nobody holds whose last woken waiter never
--- took its slot within the timeout (cancelled, say) wakes the next one
--- (in this docket's namespace, and in the shared ones it has parked in).
--- Only the limits S:stale scores at or before the cutoff can have such a
--- slot or waiter, so a read looks at those alone (up to promote_limit of
--- them; the next read goes on), however many limits have waiters.
+-- took its slot within the timeout (cancelled, say) wakes the next one.
+-- These are the limits without a scope (their waiters live here); a key
+-- parked behind a scoped limit is retried at its retry time instead (the
+-- promotion above).  Only the limits P:stale scores at or before the cutoff
+-- can have such a slot or waiter, so a read looks at those alone (up to
+-- promote_limit of them; the next read goes on), however many limits have
+-- waiters.
 local stale_before = tonumber(now) - tonumber(idle) / 1000
-local function free_stale(S)
-  if redis.call('EXISTS', S .. ':waiting') == 1 then
-    -- the set of waiting limits an older docket kept: each is looked at now
-    for _, limit in ipairs(redis.call('SMEMBERS', S .. ':waiting')) do
-      redis.call('ZADD', S .. ':stale', 'NX', 0, limit)
-    end
-    redis.call('DEL', S .. ':waiting')
+if redis.call('EXISTS', P .. ':waiting') == 1 then
+  -- the set of waiting limits an older docket kept: each is looked at now
+  for _, limit in ipairs(redis.call('SMEMBERS', P .. ':waiting')) do
+    redis.call('ZADD', P .. ':stale', 'NX', 0, limit)
   end
-  local due_limits = redis.call('ZRANGEBYSCORE', S .. ':stale', '-inf', stale_before,
-                                'LIMIT', 0, ARGV[7])
-  for _, limit in ipairs(due_limits) do
-    local slots = S .. ':slots:' .. limit
-    local freed = redis.call('ZREMRANGEBYSCORE', slots, '-inf', stale_before)
-    for _ = 1, freed do wake(S, limit, now) end
-    local woken = tonumber(redis.call('HGET', S .. ':woken', limit) or '0')
-    if redis.call('ZCARD', slots) == 0 and woken <= stale_before then wake(S, limit, now) end
-    restale_waiting(S, limit)
-  end
+  redis.call('DEL', P .. ':waiting')
 end
-free_stale(P)
-for _, S in ipairs(redis.call('SMEMBERS', P .. ':pools')) do
-  free_stale(S)
-  if redis.call('EXISTS', S .. ':stale') == 0 then redis.call('SREM', P .. ':pools', S) end
+local due_limits = redis.call('ZRANGEBYSCORE', P .. ':stale', '-inf', stale_before,
+                              'LIMIT', 0, ARGV[7])
+for _, limit in ipairs(due_limits) do
+  local slots = P .. ':slots:' .. limit
+  local freed = redis.call('ZREMRANGEBYSCORE', slots, '-inf', stale_before)
+  for _ = 1, freed do wake(limit, now) end
+  local woken = tonumber(redis.call('HGET', P .. ':woken', limit) or '0')
+  if redis.call('ZCARD', slots) == 0 and woken <= stale_before then wake(limit, now) end
+  restale_waiting(P, limit)
 end
 local out = {}
 local function take(entries, redelivered)

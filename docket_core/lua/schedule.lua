@@ -40,7 +40,8 @@ local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect,
     -- a record without a live message needs no unqueue (records of live keys
     -- never expire), so a new key skips this part
     unqueue(key)
-    redis.call('HDEL', run, 'worker', 'started', 'completed', 'error', 'result', 'cancel')
+    redis.call('HDEL', run, 'worker', 'started', 'completed', 'error', 'result', 'cancel',
+               'slot', 'pin')
     redis.call('PERSIST', run)
   end
   -- (progress reported for a key without a record is dropped too)
@@ -71,13 +72,5 @@ for i = 1, #f, 12 do
   replies[#replies + 1] = first
 end
 -- a new soonest message: wake one blocked reader so it re-arms its timer
--- (the wake stream keeps one entry: a reader woken takes the soonest due
--- time from its next read, so wake-ups nobody has read yet add nothing)
-if before then
-  local after = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
-  if after[1] and (not before[1] or after[1] ~= before[1] or after[2] ~= before[2]) then
-    wake_group(false)
-    redis.call('XADD', WAKE, 'MAXLEN', 1, '*', 'wake', '1')
-  end
-end
+if before then rearm(before) end
 return replies

@@ -3,22 +3,31 @@
 ``Debounce`` (trailing edge), ``Cooldown`` (leading edge) and ``RateLimit``
 (sliding window) reduce to the policy values below.  A delivery whose task
 declares any of them is judged after its ``Claim`` and before its
-concurrency slot, by one ``Admit`` effect that covers all of its controls:
-the store evaluates them in ``gate_order`` against what it keeps per control
+concurrency slot, by one ``Admit`` effect per namespace its controls live in
+(``admission_groups``: the docket's own, or a scope's; on a cluster each is
+one hash slot, and a step may touch one only).  The store evaluates a
+group's controls in ``gate_order`` against what it keeps per control
 (``admission_state``, the algebra the memory store runs and ``admit.lua``
 repeats), in one atomic step, and answers ``Admitted``:
 
-- ``ADMIT``: the delivery goes on (to its slot, or it starts);
-- ``DROP``: it never runs; the same step recorded it cancelled;
-- ``RESCHEDULE``: it runs later; the same step scheduled its message again
-  at ``at`` (a new generation, same key);
+- ``ADMIT``: the delivery goes on (to the next group, its slot, or it starts);
+- ``DROP``: it never runs: it is recorded cancelled;
+- ``RESCHEDULE``: it runs later: its message is scheduled again at ``at``
+  (a new generation, same key);
 - ``LOST``: another worker holds the delivery now: nothing was judged.
 
-The first control (in ``gate_order``) that blocks decides; the controls after
-it are not consulted.  Admission belongs to an execution (key and
-generation), not to a request: asking again for an execution that was
-admitted (a resend, a redelivery after a crash) is admitted again without
-counting a second start (``Admitted.repeat``).
+In the docket's own namespace the same step settles a blocked delivery (and
+checks first that the sender still holds it); in a scope's, the step only
+judges, and the core settles the delivery in the docket next
+(``settle_apart``).  The first control (in ``gate_order``) of a group that
+blocks decides, and the controls after it are not consulted.  The groups run
+one after another (``next_admit``) and stop at the first that does not admit;
+each records its own ruling, so a set of controls spanning namespaces is
+stricter than one atomic judgement, never looser: an earlier group may count
+a start for an execution that a later group blocks.  Admission belongs to an
+execution (key and generation), not to a request: asking again for an
+execution that was admitted (a resend, a redelivery after a crash) is
+admitted again without counting a second start (``Admitted.repeat``).
 """
 
 from __future__ import annotations
@@ -118,6 +127,16 @@ def gate_order(controls: Iterable[Control]) -> tuple[Control, ...]:
     return tuple(sorted(unique, key=lambda control: _GATE_RANK[control.kind]))
 
 
+def admission_groups(controls: Iterable[Control]) -> tuple[tuple[Control, ...], ...]:
+    """``controls`` (in gate order) in one group per namespace (``scope``;
+    ``None``: the docket's own), one ``Admit`` each: the groups in the gate
+    order of their first control, gate order within each."""
+    groups: dict[str | None, list[Control]] = {}
+    for control in gate_order(controls):
+        groups.setdefault(control.scope, []).append(control)
+    return tuple(tuple(group) for group in groups.values())
+
+
 def execution_id(key: str, generation: int) -> str:
     """The identity admission is granted to: one execution of ``key`` (a
     rescheduled message is a new generation, hence a new execution)."""
@@ -137,26 +156,37 @@ class Verdict(enum.Enum):
 # -- the effect and its outcome ----------------------------------------------------
 
 
+def _one_namespace(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    """An attrs validator: controls that all live in one namespace."""
+    if len({control.scope for control in value}) > 1:
+        raise ValueError("an Admit judges the controls of one namespace (admission_groups)")
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class Admit(StoreEffect):
-    """Judge one claimed delivery against its admission ``controls`` (in
-    ``gate_order``), record what the decision changes, and settle a blocked
-    delivery, all in one atomic step.
+    """Judge one claimed delivery against its admission ``controls`` of one
+    namespace (in ``gate_order``) and record what the decision changes, in
+    one atomic step in that namespace; in the docket's own (``settles``),
+    also settle a blocked delivery in the same step.
 
-    Contract: if another worker holds the delivery now, change nothing and
-    answer ``LOST``.  Otherwise apply ``admission_state.decide`` to the
-    stored state of each control consulted, at ``now``, and write the states
-    it returns.  Then, as the ruling says: ``ADMIT`` leaves the delivery to
-    the worker; ``DROP`` and ``RESCHEDULE`` carry out ``settlement`` (record
-    the key cancelled, or schedule its message again at ``at``; either
-    acknowledges the delivery), so that no crash can leave a judged delivery
-    to be handed out and judged again.  A resend answers the first outcome,
-    except that a first ``ADMIT`` becomes ``LOST`` when another worker holds
-    the delivery by then."""
+    Contract, in the docket's own namespace: if the sender does not hold the
+    delivery now (another worker does, or nobody), change nothing and answer
+    ``LOST``.  Otherwise apply ``admission_state.decide`` to the stored state
+    of each control consulted, at ``now``, and write the states it returns.
+    Then, as the ruling says: ``ADMIT`` leaves the delivery to the worker;
+    ``DROP`` and ``RESCHEDULE`` carry out ``settlement`` (record the key
+    cancelled, or schedule its message again at ``at``; either acknowledges
+    the delivery), so that no crash can leave a judged delivery to be handed
+    out and judged again.  A resend answers the first outcome, except that a
+    first ``ADMIT`` becomes ``LOST`` when the sender no longer holds the
+    delivery.  In a scope's namespace: the same judgement, unchecked (the
+    states are keyed by execution, so a delivery taken over meanwhile is
+    judged as the same execution; the core's next step, in the docket,
+    checks), with nothing settled; a resend answers the first outcome."""
 
     delivery_id: str
     message: TaskMessage
-    controls: tuple[Control, ...]
+    controls: tuple[Control, ...] = attrs.field(validator=_one_namespace)
     now: float
     #: how long a debounce winner may overstay its return before a later
     #: submission takes its place (the redelivery timeout: it was lost)
@@ -165,6 +195,17 @@ class Admit(StoreEffect):
     ttl: float
     #: identity for resends (see ``effects``)
     request: Request | None = attrs.field(default=None, eq=False)
+
+    @property
+    def scope(self) -> str | None:
+        """The namespace of the controls (``None``: the docket's own)."""
+        return self.controls[0].scope if self.controls else None
+
+    @property
+    def settles(self) -> bool:
+        """Whether the step runs in the docket's own namespace: it checks the
+        delivery, and settles it there if it blocks it."""
+        return self.scope is None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -194,20 +235,23 @@ class Blocked(RuntimeEffect):
 # -- what follows a verdict ----------------------------------------------------------
 
 
-def settlement(effect: Admit, outcome: Admitted) -> Schedule | Finish:
-    """What the store does, in the ``Admit`` step itself, with a delivery the
-    gate did not admit; either acknowledges it.  ``RESCHEDULE``: schedule its
-    message again at ``outcome.at``, replacing it unless a newer generation
-    of the key exists by then (the same attempt, a new generation; a key
-    cancelled while it waited concludes cancelled instead).
-    ``DROP``: record it cancelled, as pydocket does (unless superseded)."""
+def settlement(effect: Admit, outcome: Admitted, now: float | None = None) -> Schedule | Finish:
+    """What the store does with a delivery the gate did not admit (in the
+    ``Admit`` step itself in the docket's own namespace, as a step of its own
+    after one in a scope's), at ``now`` (default: the admission's); either
+    acknowledges it.  ``RESCHEDULE``: schedule its message again at
+    ``outcome.at``, replacing it unless a newer generation of the key exists
+    by then (the same attempt, a new generation; a key cancelled while it
+    waited concludes cancelled instead).  ``DROP``: record it cancelled, as
+    pydocket does (unless superseded)."""
     message = effect.message
+    at_now = effect.now if now is None else now
     if outcome.verdict is Verdict.RESCHEDULE:
         assert outcome.at is not None
         return Schedule(
             message=attrs.evolve(message, when=outcome.at),
             mode=ScheduleMode.REPLACE,
-            now=effect.now,
+            now=at_now,
             acknowledge=effect.delivery_id,
             expect_generation=message.generation,
         )
@@ -218,9 +262,35 @@ def settlement(effect: Admit, outcome: Admitted) -> Schedule | Finish:
         key=message.key,
         generation=message.generation,
         state=ExecutionState.CANCELLED,
-        now=effect.now,
+        now=at_now,
         ttl=effect.ttl,
     )
+
+
+def next_admit(
+    effect: Admit, controls: Iterable[Control], now: float, request: Callable[[], Request | None]
+) -> Admit | None:
+    """After ``effect`` admitted its delivery: the ``Admit`` of the next group
+    of the task's ``controls`` (``admission_groups``), at ``now``, with a
+    ``request()``; ``None`` when ``effect`` judged the last group."""
+    groups = admission_groups(controls)
+    for index, group in enumerate(groups[:-1]):
+        if group[0].scope == effect.scope:
+            following = groups[index + 1]
+            return attrs.evolve(effect, controls=following, now=now, request=request())
+    return None
+
+
+def settle_apart(
+    effect: Admit, outcome: Admitted, now: float, request: Callable[[], Request | None]
+) -> Schedule | Finish | None:
+    """After ``effect`` blocked its delivery: the ``settlement`` to carry out
+    in the docket at ``now``, with a ``request()``, when ``effect`` ran in a
+    scope's namespace; ``None`` when its own step settled it (or it was
+    admitted or lost)."""
+    if effect.settles or outcome.verdict not in (Verdict.DROP, Verdict.RESCHEDULE):
+        return None
+    return attrs.evolve(settlement(effect, outcome, now), request=request())
 
 
 def blocked_counts(outcome: Admitted) -> tuple[str, ...]:

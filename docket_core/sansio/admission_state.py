@@ -31,6 +31,8 @@ start at ``t`` is admitted only if no window ``(x - per, x]`` that contains
 count too.  Starts are kept ``2 * per``, so a clock up to ``per`` behind
 the others still sees every start that shares a window with it.  Blocked, it
 may start once the ``limit``-th latest start of its windows leaves them.
+The check never walks the log while fewer than ``limit`` starts lie within
+``per`` of ``t`` (bisection here, ``ZCOUNT`` on the servers): it admits.
 
 Every state has an end (``expiry``): from then on it counts as absent, and
 the store may delete it (the servers also set a TTL past it).
@@ -38,6 +40,7 @@ the store may delete it (the servers also set a TTL past it).
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -51,7 +54,9 @@ from .admission import (
     DebouncePolicy,
     RateLimitPolicy,
     Verdict,
+    admission_groups,
     execution_id,
+    gate_order,
 )
 
 #: how long a debounce scope remembers its winners and its last run after
@@ -82,10 +87,19 @@ class CooldownState:
     until: float
 
 
+def _starts_of(log: RateLog) -> Mapping[str, float]:
+    return {execution: start for start, execution in log.entries}
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class RateLog:
     #: (start, execution), sorted
     entries: tuple[tuple[float, str], ...]
+    #: execution -> start, of the same entries (derived, read-only: the
+    #: repeat check looks one up without a scan; never ``evolve`` only one)
+    starts: Mapping[str, float] = attrs.field(
+        default=attrs.Factory(_starts_of, takes_self=True), eq=False, repr=False
+    )
 
 
 State = DebounceState | CooldownState | RateLog
@@ -254,13 +268,37 @@ def _fits(window: Sequence[float], now: float, per: float, limit: int) -> bool:
     return True
 
 
+def _kept(log: RateLog | None, now: float, per: float) -> RateLog | None:
+    """``log`` without the starts that left it (``start + 2 * per <= now``)."""
+    if log is None or not log.entries:
+        return None
+    entries = log.entries
+    # (``start + 2 * per`` never falls as ``start`` rises: the log bisects by it)
+    cut = bisect_right(entries, now, key=lambda entry: entry[0] + 2 * per)
+    if cut == 0:
+        return log
+    if cut == len(entries):
+        return None
+    starts = dict(log.starts)
+    for _, execution in entries[:cut]:
+        del starts[execution]
+    return RateLog(entries=entries[cut:], starts=starts)
+
+
 def _judge_rate(p: RateLimitPolicy, log: RateLog | None, ask: Ask) -> _Judgement:
     now, per = ask.now, p.per
-    kept = () if log is None else tuple(e for e in log.entries if e[0] + 2 * per > now)
-    st = RateLog(entries=kept) if kept else None
-    if any(member == ask.execution for _, member in kept):
+    st = _kept(log, now, per)
+    if st is None:
+        return _Judgement(verdict=Verdict.ADMIT, state=None)
+    if ask.execution in st.starts:
         return _Judgement(verdict=Verdict.ADMIT, state=st, repeat=True)
-    window = [s for s, _ in kept if s + per > now and s < now + per]
+    # the window: the starts with ``s + per > now`` and ``s < now + per``
+    entries = st.entries
+    low = bisect_right(entries, now, key=lambda entry: entry[0] + per)
+    high = bisect_left(entries, now + per, key=lambda entry: entry[0])
+    if high - low < p.limit:  # no window can be full: no walk
+        return _Judgement(verdict=Verdict.ADMIT, state=st)
+    window = [s for s, _ in entries[low:high]]
     if _fits(window, now, per, p.limit):
         return _Judgement(verdict=Verdict.ADMIT, state=st)
     at = window[-p.limit] + per
@@ -272,8 +310,14 @@ def _settle_rate(p: RateLimitPolicy, j: _Judgement, ruling: Ruling, ask: Ask) ->
     st = j.state
     assert st is None or isinstance(st, RateLog)
     if j.verdict is Verdict.ADMIT and not j.repeat and ruling.verdict is Verdict.ADMIT:
-        entries = () if st is None else st.entries
-        return RateLog(entries=tuple(sorted((*entries, (ask.now, ask.execution)))))
+        entry = (ask.now, ask.execution)
+        if st is None:
+            return RateLog(entries=(entry,), starts={ask.execution: ask.now})
+        entries = st.entries
+        at = bisect_right(entries, entry)
+        # (concatenation: a copy in C; unpacking would iterate the entries)
+        placed = entries[:at] + (entry,) + entries[at:]  # noqa: RUF005
+        return RateLog(entries=placed, starts={**st.starts, ask.execution: ask.now})
     return st
 
 
@@ -327,6 +371,35 @@ def decide(
     for control, judgement in judged:
         writes[address(control)] = _settle(control, judgement, ruling, ask)
     return ruling, writes
+
+
+def decide_in_groups(
+    controls: Sequence[Control], states: Mapping[Address, State], ask: Ask
+) -> tuple[Ruling, dict[Address, State | None]]:
+    """What one delivery's ``Admit`` steps decide together: ``decide`` for
+    each group of ``controls`` (``admission_groups``) in turn, each against
+    the states the groups before it left, until one does not admit (its
+    ruling ends the sequence).  ``blocker`` indexes ``gate_order(controls)``;
+    ``repeat`` holds when every group admitted a repeat."""
+    ordered = gate_order(controls)
+    current: dict[Address, State] = dict(states)
+    writes: dict[Address, State | None] = {}
+    ruling = Ruling(verdict=Verdict.ADMIT)
+    repeats = True
+    for group in admission_groups(ordered):
+        ruling, written = decide(group, current, ask)
+        writes.update(written)
+        for where, state in written.items():
+            if state is None:
+                current.pop(where, None)
+            else:
+                current[where] = state
+        if ruling.verdict is not Verdict.ADMIT:
+            assert ruling.blocker is not None
+            blocker = ordered.index(group[ruling.blocker])
+            return attrs.evolve(ruling, blocker=blocker), writes
+        repeats = repeats and ruling.repeat
+    return Ruling(verdict=Verdict.ADMIT, repeat=repeats and bool(ordered)), writes
 
 
 def expiry(control: Control, state: State) -> float:

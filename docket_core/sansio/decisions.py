@@ -292,6 +292,15 @@ def plan_bury(
     return BuryMalformed(worker=worker, entry=entry, now=now, ttl=ttl, request=request)
 
 
+def parked_retry_at(now: float, stale_after: float) -> float:
+    """When a key parked behind a scoped limit runs again if no wake-up
+    comes first: once a slot held then could have gone stale.  A wake-up
+    lost to a crash between two steps of a chain (or to a release that
+    came between a delivery's ``TakeSlot`` and its ``Park``) costs at most
+    that long."""
+    return now + stale_after
+
+
 def liveness_window(heartbeat_interval: float, missed_heartbeats: int) -> float:
     """Seconds a worker counts as live after its last heartbeat:
     ``missed_heartbeats`` heartbeat intervals."""

@@ -14,15 +14,16 @@ append-only-file write, a connection killed).  The worker machine resends such
 a batch, so every store effect is safe to send twice:
 
 - ``Claim``, ``Finish``, ``Schedule``, ``AcquireSlot``, ``ReleaseSlot``,
-  ``Cancel`` and ``BuryMalformed`` carry a ``Request``.  The store remembers the outcome of each
+  ``Cancel``, ``BuryMalformed``, ``TakeSlot``, ``Park`` and ``WakeParked``
+  carry a ``Request``.  The store remembers the outcome of each
   request of an origin until the origin's floor passes it, and answers a resend
   with the first outcome instead of acting again.  A resend carries the time of
   its own attempt, so a replayed acquisition that came back *acquired* renews
   its slot to that time (or reports it lost, if it was taken over meanwhile), and
   a replayed claim reports the delivery lost if another worker holds it now.
-- ``RenewLeases`` and ``Heartbeat`` are idempotent by nature: running them
-  again at a later ``now`` renews to that later time, which is what a resend
-  wants.
+- ``RenewLeases``, ``Heartbeat``, ``ConfirmSlot`` and ``Enlist`` are
+  idempotent by nature: running them again at a later ``now`` renews to that
+  later time (or checks the holder again), which is what a resend wants.
 - An effect without a ``Request`` (a producer's ``add``, ``cancel``) is not
   remembered: producers do not resend; their caller sees the error.
 """
@@ -205,7 +206,14 @@ class RenewLeases(StoreEffect):
 
     Reports the deliveries that are no longer this worker's (taken over by
     another worker after the lease ran out, or gone) and the slot holders
-    whose slots are gone (taken over as stale)."""
+    whose slots are gone (taken over as stale).
+
+    One effect; a store whose namespaces live apart splits it: the
+    deliveries and the slots without a scope in ``P``, and the slots of
+    each scope in that scope's ``S`` (renew each holder still in
+    ``S:slots:<limit>`` to ``now``, report the others lost), merging the
+    ``lost_slots``.  Every part is idempotent, so a partial failure is
+    just sent again."""
 
     worker: str
     delivery_ids: tuple[str, ...]
@@ -238,14 +246,190 @@ class AcquireSlot(StoreEffect):
 @attrs.frozen(slots=True, kw_only=True)
 class ReleaseSlot(StoreEffect):
     """Remove ``holder``'s slot of ``limit_key`` and, if it was still held,
-    queue the oldest waiter (a holder whose slot was taken over frees nothing)."""
+    hand the freed slot on (a holder whose slot was taken over frees nothing).
+
+    The slots live in ``S`` (``{scope}``, or ``P`` without a scope), and the
+    release touches ``S`` only (memo in ``S:did:<origin>``): ``ZREM
+    S:slots:<limit> holder``; if that removed it, hand the slot on, in order:
+
+    1. to the oldest live waiter parked by ``AcquireSlot`` in ``S``
+       (``S:wait:<limit>``: the waiters of the docket whose namespace ``S``
+       is; today's ``wake()``): it is queued, ``woken=1``;
+    2. else to the docket that waited longest for the limit through the
+       scoped chain: ``ZPOPMIN S:stale:<limit>`` (see ``TakeSlot``), answered
+       as ``wake=<docket name>`` (``None`` when none waits).
+
+    So a limit a docket shares with others that name it as their scope
+    serves both kinds of waiters.  Nothing else is read or written.
+
+    ``pass_on`` (after a chain's ``WakeParked`` found nobody to wake,
+    ``WokeParked.woken == 0``): the release already happened; only pop the
+    next waiting docket (step 2), without touching the slots (``holder``
+    is ignored).
+
+    A resend answers its first outcome and does nothing."""
 
     limit_key: str
     holder: str
     now: float
     scope: str | None = None
+    pass_on: bool = False
     #: identity for resends (see the module docstring)
     request: Request | None = attrs.field(default=None, eq=False)
+
+
+# -- the scoped chain (docs/cluster.md, section 4) ---------------------------
+#
+# A limit with a scope (``S = {scope}``) shared by dockets (``P = {name}``) is
+# taken and released in steps that each touch one slot: ``TakeSlot`` in S,
+# then ``ConfirmSlot`` or ``Park`` in P; ``ReleaseSlot(scope=S)`` in S, then
+# ``WakeParked`` in the waiting docket P', then ``Enlist`` in S.  Keys:
+#
+# - ``S:slots:<limit>``: zset holder -> when it last took or renewed its slot
+#   (as today's scoped slots);
+# - ``S:stale:<limit>``: the limit's *waiting dockets*, zset docket name ->
+#   when it (first) waited; written with ``ZADD NX`` only;
+# - ``P:waiters:<S>|<limit>``: zset key -> when it parked (first in, first
+#   out), the keys of P parked behind the scoped limit; the record
+#   ``P:run:<key>`` of a parked key has ``parked=<limit>`` and ``pin=<S>``,
+#   and its message waits in ``P:due``/``P:msg:<key>`` at its retry time.
+#
+# Whoever takes a parked key off its schedule (``read``'s promotion at the
+# retry time, ``unqueue`` for a cancel, replace or clear) clears its parking:
+# the record's ``parked``/``pin``, ``P:parked`` and its ``P:waiters`` member.
+# A scoped parked key is both in ``P:due`` and in ``P:parked``: counts of
+# pending or scheduled work take it once.
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class TakeSlot(StoreEffect):
+    """Step 1 of a scoped limit (in ``S`` only; memo in ``S:did:<origin>``):
+    take one of ``max_concurrent`` slots of ``limit_key`` for ``holder``.
+
+    Fresh, atomically: if ``holder`` has a slot, renew it to ``now``
+    (acquired); else if fewer than ``max_concurrent`` holders, take one
+    (acquired); else if some holder's time is ``<= now - stale_after``, remove
+    the one with the oldest time (ties: the smallest holder) and take its
+    place (acquired).  A slot set expires as today's (``max(4 *
+    stale_after, 60)`` s after its last write).  Otherwise the limit is full:
+    register ``docket`` among the limit's waiting dockets (``ZADD
+    S:stale:<limit> NX <now> <docket>``, with the same expiry) and answer
+    ``acquired=False``.  The delivery is not looked at (no taken-over
+    check: ``ConfirmSlot``/``Park`` in ``P`` make it).
+
+    A resend answers its first outcome, except that a first *acquired* is
+    renewed to the resend's ``now`` while ``holder`` still has its slot, and
+    answers ``acquired=False, lost=True`` when the slot was taken over
+    meanwhile."""
+
+    scope: str
+    limit_key: str
+    holder: str
+    max_concurrent: int
+    now: float
+    stale_after: float
+    delivery_id: str
+    #: the name of the docket the delivery belongs to (registered when full)
+    docket: str
+    #: identity for resends (see the module docstring)
+    request: Request | None = attrs.field(default=None, eq=False)
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ConfirmSlot(StoreEffect):
+    """Step 2a (in ``P`` only), after ``TakeSlot`` acquired: may the run start?
+
+    ``lost`` when ``worker`` no longer holds the delivery (another worker
+    took it over, or nobody holds it: ``holder_of(id) ~= worker``); nothing
+    is written then.  Otherwise, if the record of ``key`` is still at
+    ``generation``, mark it holding the slot (``HSET P:run:<key> slot
+    <limit> pin <S>``, for snapshots); answer ``lost=False``.
+
+    Idempotent by nature (no memo): a resend checks the holder again."""
+
+    worker: str
+    delivery_id: str
+    key: str
+    generation: int
+    limit_key: str
+    scope: str
+    now: float
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Park(StoreEffect):
+    """Step 2b (in ``P`` only; memo in ``P:did:<origin>``), after
+    ``TakeSlot`` found the limit full: put the delivery's key behind it.
+
+    Atomically: ``lost`` (nothing changes) when a request names a sender
+    (``Request.worker``) that no longer holds the delivery (as
+    ``ConfirmSlot``).  Otherwise acknowledge the delivery (``XACK`` and
+    ``XDEL``), then, only if the record of ``message.key`` is at
+    ``message.generation``:
+
+    - a record a cancel marked (``cancel``): conclude it cancelled, as
+      today's acquisition does (``parked=False``);
+    - a record already parked on this limit and scope: nothing more
+      (``parked=True``);
+    - else: ``ZADD P:waiters:<S>|<limit> <now> <key>``, ``SADD P:parked``,
+      the record ``state=scheduled``, ``parked=<limit>``, ``pin=<S>`` (its
+      ``worker`` and ``started`` removed, its progress deleted), the
+      message stored as a scheduled one due at ``retry_at`` (``P:msg:<key>``
+      with its fields unchanged, ``ZADD P:due <retry_at> <key>``), and a
+      state event ``scheduled`` (``parked=True``).
+
+    A record at another generation, or none, only gets the acknowledgement
+    (``parked=False``).  A resend answers its first outcome."""
+
+    delivery_id: str
+    message: TaskMessage
+    limit_key: str
+    scope: str
+    now: float
+    #: when the parked message runs again if no wake-up comes first
+    #: (``decisions.parked_retry_at``)
+    retry_at: float
+    #: identity for resends (see the module docstring)
+    request: Request | None = attrs.field(default=None, eq=False)
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class WakeParked(StoreEffect):
+    """Step 4 (in ``docket``'s ``P'`` only; memo in ``P':did:<origin>``):
+    queue the oldest live waiter of ``P':waiters:<S>|<limit>``.
+
+    Pop members oldest first (``ZPOPMIN``) until one is live: its record is
+    ``scheduled`` with ``parked=<limit>`` and ``pin=<S>``.  For that one:
+    clear its parking (record fields, ``P':parked``), take its message off
+    the schedule (``P':due``, ``P':msg:<key>``) and queue it now
+    (``enqueue``: state ``queued`` and its event, a wake-up for readers);
+    ``woken=1``.  Dead members are dropped; ``woken=0`` when none was live.
+    Then ``remaining`` is ``ZCARD`` of what is left and ``oldest`` the
+    smallest score left (``None`` when empty).  A resend answers its first
+    outcome."""
+
+    #: the name of the docket whose waiters are woken (the layout it runs in)
+    docket: str
+    scope: str
+    limit_key: str
+    now: float
+    #: identity for resends (see the module docstring)
+    request: Request | None = attrs.field(default=None, eq=False)
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Enlist(StoreEffect):
+    """Step 5 (in ``S`` only): ``docket`` still has keys parked behind the
+    limit: register it among the waiting dockets again, as the time of its
+    oldest waiter (``ZADD S:stale:<limit> NX <since> <docket>``, with the
+    slot set's expiry).  Idempotent by nature (no memo)."""
+
+    scope: str
+    limit_key: str
+    #: the name of the docket to register
+    docket: str
+    since: float
+    now: float
 
 
 @attrs.frozen(slots=True, kw_only=True)

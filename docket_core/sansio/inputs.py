@@ -11,7 +11,9 @@ past participle of the effect's verb, after the effect's object when the
 effect names one: ``Schedule`` -> ``Scheduled``, ``Claim`` -> ``Claimed``,
 ``Finish`` -> ``Finished``, ``Cancel`` -> ``Cancelled``, ``BuryMalformed`` ->
 ``Buried``, ``AcquireSlot`` -> ``SlotAcquired``, ``ReleaseSlot`` ->
-``SlotReleased``, ``RenewLeases`` -> ``LeasesRenewed``, ``Heartbeat`` (a
+``SlotReleased``, ``TakeSlot`` -> ``SlotTaken``, ``ConfirmSlot`` ->
+``SlotConfirmed``, ``Park`` -> ``Parked``, ``WakeParked`` -> ``WokeParked``,
+``Enlist`` -> ``Enlisted``, ``RenewLeases`` -> ``LeasesRenewed``, ``Heartbeat`` (a
 noun: the heartbeat is sent) -> ``HeartbeatSent``.  The outcome keeps its
 effect's name whatever the store decided (``Claimed`` carries the verdicts,
 superseded ones too; ``SlotAcquired`` may say parked).  The runtime's own
@@ -287,10 +289,65 @@ class SlotAcquired(Outcome):
 
 @attrs.frozen(slots=True, kw_only=True)
 class SlotReleased(Outcome):
-    """Outcome of ``ReleaseSlot``: how many waiters were queued again."""
+    """Outcome of ``ReleaseSlot``: how many waiters parked by ``AcquireSlot``
+    were queued again, and, when none was, the docket whose waiters of the
+    scoped chain to wake next (``WakeParked``), or ``None``."""
 
     limit_key: str
     woken: int
+    wake: str | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class SlotTaken(Outcome):
+    """Outcome of ``TakeSlot``: ``acquired``, or the limit was full (the docket
+    is registered as waiting); or, for a resend whose first send had
+    acquired, ``lost`` when the slot was taken over before it arrived."""
+
+    delivery_id: str
+    acquired: bool
+    lost: bool = False
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class SlotConfirmed(Outcome):
+    """Outcome of ``ConfirmSlot``: ``lost`` when the sender no longer holds the
+    delivery (the run must not start; the slot is released)."""
+
+    delivery_id: str
+    lost: bool = False
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Parked(Outcome):
+    """Outcome of ``Park``: ``parked`` when the key waits behind the limit (false
+    when the delivery was only acknowledged: superseded or cancelled), ``lost``
+    when the sender no longer held the delivery (nothing changed)."""
+
+    delivery_id: str
+    parked: bool
+    lost: bool = False
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class WokeParked(Outcome):
+    """Outcome of ``WakeParked``: how many waiters were queued (0 or 1), how
+    many keys still wait in that docket behind the limit, and the park time
+    of the oldest of them (``None`` when none)."""
+
+    docket: str
+    limit_key: str
+    woken: int
+    remaining: int = 0
+    oldest: float | None = None
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Enlisted(Outcome):
+    """Outcome of ``Enlist``."""
+
+    docket: str
+    limit_key: str
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -31,50 +31,93 @@ the same step, acknowledging it.  ``given_up``: the store did not answer the
 delivery's effect within the resend window; the delivery is left to it,
 unacknowledged.
 
+A limit whose scope is shared with other dockets (``scoped_slots.py``) lives
+in another slot of a cluster than the docket, so no one step may touch both:
+the delivery ``take``s its slot in the scope (``TAKING``), then, in the
+docket, confirms it still holds the delivery (``CONFIRMING``, on to
+``RUNNING``) or, the limit being full, parks its key there (``PARKING``,
+then ``DONE``).  A confirmation that finds the delivery lost is a
+``lease_lost`` first: the delivery goes ``ABANDONING`` and releases the slot
+it took.  A delivery stopped while its ``TakeSlot`` or ``ConfirmSlot`` is
+out waits in a phase of its own, as above; ``Park`` settles the delivery
+whatever happened meanwhile (a cancelled key concludes there), so
+``PARKING`` keeps its phase.  Releasing is a chain of steps too, driven by
+the store's answers (``scoped_slots.ReleaseChains``), apart from any
+delivery.  A crash between two steps leaves a slot that goes stale, a
+delivery handed out again, or a parked key that retries at its
+``retry_at``: nothing the leases and that time do not recover.
+
 The table, as ``diagram()`` draws it (``python -m docket_core.sansio --diagram``;
 a test checks that the two agree); steps that lead to the same phase share a
 line, and ``(stays)`` lists the steps that change nothing::
 
-    ARRIVED               claim                             -> CLAIMING
-                          reject                            -> FINISHING
-    CLAIMING              claimed                           -> RUNNING
-                          claimed_limited                   -> ADMITTING
-                          claim_lost | given_up             -> DONE
-                          cancel                            -> CLAIMING_CANCELLED
-                          lease_lost                        -> CLAIMING_LOST
-    CLAIMING_CANCELLED    claimed                           -> CANCELLING
-                          claim_lost | given_up             -> DONE
-                          lease_lost                        -> CLAIMING_LOST
-                          cancel                            (stays)
-    CLAIMING_LOST         claimed                           -> ABANDONING
-                          claim_lost | given_up             -> DONE
-                          cancel | lease_lost               (stays)
-    ADMITTING             slot_acquired | admitted          -> RUNNING
-                          slot_parked | blocked | given_up  -> DONE
-                          cancel                            -> ADMITTING_CANCELLED
-                          lease_lost                        -> ADMITTING_LOST
-    ADMITTING_CANCELLED   slot_acquired | admitted          -> CANCELLING
-                          slot_parked | blocked | given_up  -> DONE
-                          lease_lost                        -> ADMITTING_LOST
-                          cancel                            (stays)
-    ADMITTING_LOST        slot_acquired | admitted          -> ABANDONING
-                          slot_parked | blocked | given_up  -> DONE
-                          cancel | lease_lost               (stays)
-    RUNNING               ended                             -> FINISHING
-                          timeout                           -> TIMING_OUT
-                          cancel                            -> CANCELLING
-                          lease_lost                        -> ABANDONING
-    CANCELLING            ended                             -> FINISHING
-                          lease_lost                        -> ABANDONING
-                          cancel                            (stays)
-    TIMING_OUT            ended                             -> FINISHING
-                          lease_lost                        -> ABANDONING
-                          cancel                            (stays)
-    ABANDONING            ended                             -> DONE
-                          cancel | lease_lost               (stays)
-    FINISHING             recorded | given_up               -> DONE
-                          cancel | lease_lost               (stays)
-    DONE                  (final)
+    ARRIVED                claim                             -> CLAIMING
+                           reject                            -> FINISHING
+    CLAIMING               claimed                           -> RUNNING
+                           claimed_limited                   -> ADMITTING
+                           claim_lost | given_up             -> DONE
+                           cancel                            -> CLAIMING_CANCELLED
+                           lease_lost                        -> CLAIMING_LOST
+    CLAIMING_CANCELLED     claimed                           -> CANCELLING
+                           claim_lost | given_up             -> DONE
+                           lease_lost                        -> CLAIMING_LOST
+                           cancel                            (stays)
+    CLAIMING_LOST          claimed                           -> ABANDONING
+                           claim_lost | given_up             -> DONE
+                           cancel | lease_lost               (stays)
+    ADMITTING              slot_acquired | admitted          -> RUNNING
+                           slot_parked | blocked | given_up  -> DONE
+                           cancel                            -> ADMITTING_CANCELLED
+                           lease_lost                        -> ADMITTING_LOST
+                           take                              -> TAKING
+    ADMITTING_CANCELLED    slot_acquired | admitted          -> CANCELLING
+                           slot_parked | blocked | given_up  -> DONE
+                           lease_lost                        -> ADMITTING_LOST
+                           cancel                            (stays)
+    ADMITTING_LOST         slot_acquired | admitted          -> ABANDONING
+                           slot_parked | blocked | given_up  -> DONE
+                           cancel | lease_lost               (stays)
+    TAKING                 slot_taken                        -> CONFIRMING
+                           slot_full                         -> PARKING
+                           cancel                            -> TAKING_CANCELLED
+                           lease_lost                        -> TAKING_LOST
+                           given_up                          -> DONE
+    TAKING_CANCELLED       slot_taken                        -> CANCELLING
+                           slot_full                         -> PARKING
+                           lease_lost                        -> TAKING_LOST
+                           given_up                          -> DONE
+                           cancel                            (stays)
+    TAKING_LOST            slot_taken                        -> ABANDONING
+                           slot_full | given_up              -> DONE
+                           cancel | lease_lost               (stays)
+    CONFIRMING             slot_confirmed                    -> RUNNING
+                           cancel                            -> CONFIRMING_CANCELLED
+                           lease_lost                        -> CONFIRMING_LOST
+                           given_up                          -> DONE
+    CONFIRMING_CANCELLED   slot_confirmed                    -> CANCELLING
+                           lease_lost                        -> CONFIRMING_LOST
+                           given_up                          -> DONE
+                           cancel                            (stays)
+    CONFIRMING_LOST        slot_confirmed                    -> ABANDONING
+                           given_up                          -> DONE
+                           cancel | lease_lost               (stays)
+    PARKING                parked | given_up                 -> DONE
+                           cancel | lease_lost               (stays)
+    RUNNING                ended                             -> FINISHING
+                           timeout                           -> TIMING_OUT
+                           cancel                            -> CANCELLING
+                           lease_lost                        -> ABANDONING
+    CANCELLING             ended                             -> FINISHING
+                           lease_lost                        -> ABANDONING
+                           cancel                            (stays)
+    TIMING_OUT             ended                             -> FINISHING
+                           lease_lost                        -> ABANDONING
+                           cancel                            (stays)
+    ABANDONING             ended                             -> DONE
+                           cancel | lease_lost               (stays)
+    FINISHING              recorded | given_up               -> DONE
+                           cancel | lease_lost               (stays)
+    DONE                   (final)
 """
 
 from __future__ import annotations
@@ -100,6 +143,21 @@ class Phase(enum.Enum):
     ADMITTING_CANCELLED = "admitting_cancelled"
     #: ``Admit`` or ``AcquireSlot`` sent, and the lease was lost since: it will not start
     ADMITTING_LOST = "admitting_lost"
+    #: a scoped limit's step 1: ``TakeSlot`` sent (in the scope), waiting
+    TAKING = "taking"
+    #: ``TakeSlot`` sent, and the key was cancelled since: it will not start
+    TAKING_CANCELLED = "taking_cancelled"
+    #: ``TakeSlot`` sent, and the lease was lost since: it will not start
+    TAKING_LOST = "taking_lost"
+    #: step 2a: the slot is taken (and renewed); ``ConfirmSlot`` sent (in the docket)
+    CONFIRMING = "confirming"
+    #: ``ConfirmSlot`` sent, and the key was cancelled since: it will not start
+    CONFIRMING_CANCELLED = "confirming_cancelled"
+    #: ``ConfirmSlot`` sent, and the lease was lost since: it will not start
+    CONFIRMING_LOST = "confirming_lost"
+    #: step 2b: the limit was full; ``Park`` sent (in the docket), which
+    #: settles the delivery whatever happened since (a cancel concludes it)
+    PARKING = "parking"
     #: the task function runs
     RUNNING = "running"
     #: its key was cancelled (``CancelTask`` sent, or it never started): it
@@ -128,6 +186,15 @@ class Step(enum.Enum):
     ADMITTED = "admitted"
     #: an admission control dropped or rescheduled it (the store settled it)
     BLOCKED = "blocked"
+    #: a scoped limit: ``TakeSlot`` sent
+    TAKE = "take"
+    #: ``TakeSlot`` answered: acquired / the limit was full
+    SLOT_TAKEN = "slot_taken"
+    SLOT_FULL = "slot_full"
+    #: ``ConfirmSlot`` answered (a lost delivery is ``lease_lost`` first)
+    SLOT_CONFIRMED = "slot_confirmed"
+    #: ``Park`` answered: the key waits, or the delivery was only settled
+    PARKED = "parked"
     TIMEOUT = "timeout"
     CANCEL = "cancel"
     LEASE_LOST = "lease_lost"
@@ -180,6 +247,38 @@ TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (P.ADMITTING_LOST, S.CANCEL): P.ADMITTING_LOST,
     (P.ADMITTING_LOST, S.LEASE_LOST): P.ADMITTING_LOST,
     (P.ADMITTING_LOST, S.GIVEN_UP): P.DONE,
+    (P.ADMITTING, S.TAKE): P.TAKING,
+    (P.TAKING, S.SLOT_TAKEN): P.CONFIRMING,
+    (P.TAKING, S.SLOT_FULL): P.PARKING,
+    (P.TAKING, S.CANCEL): P.TAKING_CANCELLED,
+    (P.TAKING, S.LEASE_LOST): P.TAKING_LOST,
+    (P.TAKING, S.GIVEN_UP): P.DONE,
+    (P.TAKING_CANCELLED, S.SLOT_TAKEN): P.CANCELLING,
+    (P.TAKING_CANCELLED, S.SLOT_FULL): P.PARKING,
+    (P.TAKING_CANCELLED, S.CANCEL): P.TAKING_CANCELLED,
+    (P.TAKING_CANCELLED, S.LEASE_LOST): P.TAKING_LOST,
+    (P.TAKING_CANCELLED, S.GIVEN_UP): P.DONE,
+    (P.TAKING_LOST, S.SLOT_TAKEN): P.ABANDONING,
+    (P.TAKING_LOST, S.SLOT_FULL): P.DONE,
+    (P.TAKING_LOST, S.CANCEL): P.TAKING_LOST,
+    (P.TAKING_LOST, S.LEASE_LOST): P.TAKING_LOST,
+    (P.TAKING_LOST, S.GIVEN_UP): P.DONE,
+    (P.CONFIRMING, S.SLOT_CONFIRMED): P.RUNNING,
+    (P.CONFIRMING, S.CANCEL): P.CONFIRMING_CANCELLED,
+    (P.CONFIRMING, S.LEASE_LOST): P.CONFIRMING_LOST,
+    (P.CONFIRMING, S.GIVEN_UP): P.DONE,
+    (P.CONFIRMING_CANCELLED, S.SLOT_CONFIRMED): P.CANCELLING,
+    (P.CONFIRMING_CANCELLED, S.CANCEL): P.CONFIRMING_CANCELLED,
+    (P.CONFIRMING_CANCELLED, S.LEASE_LOST): P.CONFIRMING_LOST,
+    (P.CONFIRMING_CANCELLED, S.GIVEN_UP): P.DONE,
+    (P.CONFIRMING_LOST, S.SLOT_CONFIRMED): P.ABANDONING,
+    (P.CONFIRMING_LOST, S.CANCEL): P.CONFIRMING_LOST,
+    (P.CONFIRMING_LOST, S.LEASE_LOST): P.CONFIRMING_LOST,
+    (P.CONFIRMING_LOST, S.GIVEN_UP): P.DONE,
+    (P.PARKING, S.PARKED): P.DONE,
+    (P.PARKING, S.CANCEL): P.PARKING,
+    (P.PARKING, S.LEASE_LOST): P.PARKING,
+    (P.PARKING, S.GIVEN_UP): P.DONE,
     (P.RUNNING, S.ENDED): P.FINISHING,
     (P.RUNNING, S.TIMEOUT): P.TIMING_OUT,
     (P.RUNNING, S.CANCEL): P.CANCELLING,

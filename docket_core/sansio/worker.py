@@ -27,23 +27,34 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from . import lifecycle
-from .admission import Admit, Admitted, Blocked, Verdict, blocked_counts
+from .admission import (
+    Admit,
+    Admitted,
+    Blocked,
+    Verdict,
+    admission_groups,
+    blocked_counts,
+    next_admit,
+    settle_apart,
+)
 from .decisions import plan_bury, plan_end, plan_reject
 from .effects import (
     AcquireSlot,
     Claim,
     ClaimItem,
+    ConfirmSlot,
     Effect,
     Finish,
     Heartbeat,
+    Park,
     Read,
-    ReleaseSlot,
     RenewLeases,
     Schedule,
     SeedPerpetuals,
     StartTask,
     StopReason,
     StoreEffect,
+    TakeSlot,
 )
 from .errors import InternalError
 from .flight import Count, InFlight, WorkerConfig
@@ -65,7 +76,6 @@ from .inputs import (
     ReplyLost,
     Scheduled,
     ShutdownRequested,
-    SlotAcquired,
     StoreFailed,
     TaskEnded,
     TaskOutcome,
@@ -73,8 +83,8 @@ from .inputs import (
 )
 from .lifecycle import Phase, Step
 from .outbox import Outbox
+from .scoped_slots import SLOT_ANSWERS, ReleaseChains, SlotSteps
 from .stopping import stop_task, timed_out_end
-from .values import HeldSlot
 
 # the members every run meets, bound once: on Python 3.11 looking a member
 # up on its enum class costs several times a global's lookup
@@ -87,8 +97,9 @@ _LOST = {v: Count(v.value) for v in ClaimVerdict if v is not ClaimVerdict.CLAIME
 _BLOCKED_END = {BlockedAction.RESCHEDULE: Count.RESCHEDULED, BlockedAction.DROP: Count.CANCELLED}
 
 
-class WorkerMachine:
-    """The decisions of one worker, fed by its runtime."""
+class WorkerMachine(SlotSteps):
+    """The decisions of one worker, fed by its runtime (its steps on
+    concurrency slots: ``scoped_slots.SlotSteps``)."""
 
     def __init__(self, config: WorkerConfig, now: float) -> None:
         self.config = config
@@ -118,6 +129,7 @@ class WorkerMachine:
             resend_window=config.resend_window,
             refusals_allowed=config.refusals_allowed,
         )
+        self.chains = ReleaseChains(docket=config.docket, outbox=self.outbox)
         #: a ``Read`` is out; the next one recovers lost deliveries; not before
         self._reading = False
         self._recover = False
@@ -268,12 +280,11 @@ class WorkerMachine:
             elif kind is Claimed:
                 assert isinstance(outcome, Claimed)
                 self._claimed(outcome, now)
-            elif kind is SlotAcquired:
-                assert isinstance(outcome, SlotAcquired)
-                self._slot(outcome, now)
+            elif kind in SLOT_ANSWERS:  # (scoped_slots)
+                self._slot_replied(effect, outcome, now)
             elif kind is Admitted:
-                assert isinstance(outcome, Admitted)
-                self._admitted(outcome, now)
+                assert isinstance(outcome, Admitted) and isinstance(effect, Admit)
+                self._admitted(effect, outcome, now)
             elif kind is LeasesRenewed:
                 assert isinstance(outcome, LeasesRenewed) and isinstance(effect, RenewLeases)
                 self._renewed(effect)
@@ -408,12 +419,13 @@ class WorkerMachine:
                 continue
             flight.phase = lifecycle.advance(flight.phase, Step.CLAIMED_LIMITED)
             if policy.admission:
-                # admission first: a start it admits counts, even if a full limit parks it
+                # admission first: a start it admits counts, even if a full limit
+                # parks it; one step per namespace, the first group first
                 self._effects.append(
                     Admit(
                         delivery_id=delivery_id,
                         message=flight.message,
-                        controls=policy.admission,
+                        controls=admission_groups(policy.admission)[0],
                         now=now,
                         stale_after=self.config.redelivery_timeout,
                         ttl=self.config.execution_ttl,
@@ -423,23 +435,7 @@ class WorkerMachine:
             else:
                 self._effects.append(self._acquire(flight, now))
 
-    def _acquire(self, flight: InFlight, now: float) -> AcquireSlot:
-        """Ask for the concurrency slot of a claimed (and admitted) delivery."""
-        limit = flight.policy.concurrency
-        assert limit is not None
-        return AcquireSlot(
-            limit_key=limit.limit_key,
-            holder=self.holder(flight.delivery_id),
-            max_concurrent=limit.max_concurrent,
-            now=now,
-            stale_after=self.config.redelivery_timeout,
-            delivery_id=flight.delivery_id,
-            message=flight.message,
-            scope=limit.scope,
-            request=self.outbox.request(),
-        )
-
-    def _admitted(self, outcome: Admitted, now: float) -> None:
+    def _admitted(self, effect: Admit, outcome: Admitted, now: float) -> None:
         flight = self.in_flight.get(outcome.delivery_id)
         if flight is None:
             return
@@ -447,11 +443,19 @@ class WorkerMachine:
             self._lease_lost(outcome.delivery_id)
             self._start(flight, Step.ADMITTED, now)
         elif outcome.verdict is Verdict.ADMIT:
-            if flight.policy.concurrency is not None and flight.phase is Phase.ADMITTING:
+            following = None
+            if flight.phase is Phase.ADMITTING:  # the controls of the next namespace, if any
+                following = next_admit(effect, flight.policy.admission, now, self.outbox.request)
+            if following is not None:
+                self._effects.append(following)  # (still ADMITTING)
+            elif flight.policy.concurrency is not None and flight.phase is Phase.ADMITTING:
                 self._effects.append(self._acquire(flight, now))  # (still ADMITTING)
             else:
                 self._start(flight, Step.ADMITTED, now)
-        else:  # dropped or rescheduled: the store settled and acknowledged it
+        else:  # dropped or rescheduled: settled by the store's step, or next, in the docket
+            settle = settle_apart(effect, outcome, now, self.outbox.request)
+            if settle is not None:
+                self._effects.append(settle)
             for name in blocked_counts(outcome):
                 self.counters[Count(name)] += 1
             flight.phase = lifecycle.advance(flight.phase, Step.BLOCKED)
@@ -459,24 +463,6 @@ class WorkerMachine:
             self._effects.append(
                 Blocked(delivery_id=outcome.delivery_id, key=flight.message.key, outcome=outcome)
             )
-
-    def _slot(self, outcome: SlotAcquired, now: float) -> None:
-        flight = self.in_flight.get(outcome.delivery_id)
-        if flight is None:
-            return
-        if outcome.lost:
-            # a resent acquisition whose slot was taken over meanwhile: the
-            # delivery is another worker's by now, and never starts here
-            self._lease_lost(outcome.delivery_id)
-            self._start(flight, Step.SLOT_ACQUIRED, now)
-        elif outcome.acquired:
-            assert flight.policy.concurrency is not None
-            flight.slot = flight.policy.concurrency.limit_key
-            self._start(flight, Step.SLOT_ACQUIRED, now)
-        else:
-            self.counters[Count.PARKED] += 1
-            flight.phase = lifecycle.advance(flight.phase, Step.SLOT_PARKED)
-            del self.in_flight[outcome.delivery_id]
 
     def _start(self, flight: InFlight, step: Step, now: float) -> None:
         flight.phase = lifecycle.advance(flight.phase, step)
@@ -542,20 +528,6 @@ class WorkerMachine:
         if release is not None:
             self._effects.append(release)
 
-    def _release(self, flight: InFlight, now: float) -> ReleaseSlot | None:
-        if flight.slot is None:
-            return None
-        assert flight.policy.concurrency is not None
-        release = ReleaseSlot(
-            limit_key=flight.slot,
-            holder=self.holder(flight.delivery_id),
-            now=now,
-            scope=flight.policy.concurrency.scope,
-            request=self.outbox.request(),
-        )
-        flight.slot = None
-        return release
-
     def _recorded(self, effect: StoreEffect, now: float) -> None:
         if isinstance(effect, Finish):
             delivery_id: str | None = effect.delivery_id
@@ -604,12 +576,18 @@ class WorkerMachine:
         for effect in effects:
             if isinstance(effect, Claim):
                 ids: tuple[str | None, ...] = tuple(item.delivery_id for item in effect.items)
-            elif isinstance(effect, Finish | AcquireSlot | Admit):
+            elif isinstance(effect, TakeSlot) and self.chains.owns(effect):
+                self.chains.given_up(effect)
+                continue
+            elif isinstance(effect, Finish | AcquireSlot | Admit | TakeSlot | ConfirmSlot | Park):
                 ids = (effect.delivery_id,)
             elif isinstance(effect, Schedule):
                 ids = (effect.acknowledge,)
             else:
-                continue  # a release, renewal or heartbeat: leases settle it
+                # a release, a chain's link, a renewal or a heartbeat: leases
+                # and the parked keys' retry times settle it
+                self.chains.given_up(effect)
+                continue
             for delivery_id in ids:
                 flight = self.in_flight.get(delivery_id) if delivery_id else None
                 if flight is not None and lifecycle.allows(flight.phase, Step.GIVEN_UP):
@@ -684,15 +662,7 @@ class WorkerMachine:
     def _renew(self, now: float) -> None:
         self._next_renewal = now + self.config.renew_interval
         held = tuple(f.delivery_id for f in self.in_flight.values() if f.phase in lifecycle.HOLDING)
-        slots = tuple(
-            HeldSlot(
-                limit_key=f.slot,
-                holder=self.holder(f.delivery_id),
-                scope=f.policy.concurrency.scope if f.policy.concurrency else None,
-            )
-            for f in self.in_flight.values()
-            if f.slot is not None
-        )
+        slots = self._held_slots()
         if held or slots:
             self._effects.append(
                 RenewLeases(worker=self.config.name, delivery_ids=held, slots=slots, now=now)
@@ -706,6 +676,7 @@ class WorkerMachine:
             and not self.in_flight
             and not self.said_goodbye
             and not self._reading
+            and not self.chains.open
         ):
             self.said_goodbye = True
             self._effects.append(

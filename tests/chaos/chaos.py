@@ -245,9 +245,13 @@ class Chaos(SideFaults, LedgerChecks, StoreChecks):
     def stopped_first(self, worker: WorkerProcess, code: int) -> bool:
         """Whether a SIGTERM killed a worker that had already stopped cleanly
         (it printed its counters: a task's ``SystemExit`` stopped it) while
-        its interpreter shut down, where Python restores the default handler."""
+        its interpreter shut down, where Python restores the default handler,
+        or one that had not yet started (no ``up`` line in the ledger)."""
         if code != -signal.SIGTERM:
             return False
+        up = f"up {worker.name} {worker.process.pid} "
+        if not any(line.startswith(up) for line in self.ledger.read_text().splitlines()):
+            return True  # killed while its interpreter started: it never held a task
         text = worker.log.read_text(errors="replace")
         return any(line.startswith(f"{worker.name} stopped: ") for line in text.splitlines())
 

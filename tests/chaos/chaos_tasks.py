@@ -228,6 +228,9 @@ async def worker_main(url: str, docket_name: str, worker_name: str, ledger: str)
 
     # a SIGTERM before the worker listens for it still means "stop cleanly"
     signal.signal(signal.SIGTERM, early_term)
+    # from here on a SIGTERM is this process's to handle (before it, Python's
+    # default kills a process that has not started: it held nothing)
+    append(_ledger_fd, "up", worker_name, os.getpid(), now_text())
     async with AsyncExitStack() as stack:
         deadline = time.monotonic() + 60
         while True:  # the server may be restarting as this worker starts

@@ -17,8 +17,8 @@ from typing import Annotated, Any
 import anyio
 import pytest
 from anyio.abc import TaskGroup
-from helpers import NoSlotLeft, acquisition, claim_as, server_keys_left
-from servers import Server
+from helpers import NoSlotLeft, claim_as, server_keys_left
+from servers import Servers
 
 from docket_core import (
     ConcurrencyLimit,
@@ -30,7 +30,8 @@ from docket_core import (
     Timeout,
     Worker,
 )
-from docket_core.sansio.inputs import SlotAcquired
+from docket_core.sansio.effects import ConfirmSlot, TakeSlot
+from docket_core.sansio.inputs import SlotConfirmed, SlotTaken
 from docket_memory.shelf import Shelf
 from docket_memory.store import MemoryStore
 
@@ -175,7 +176,7 @@ async def test_the_annotated_form(docket: Docket, assert_no_slot_left: NoSlotLef
 # -- scopes shared by dockets ----------------------------------------------------------
 
 
-def assert_scope_free(server: Server | None, *dockets: Docket, scope: str) -> None:
+def assert_scope_free(server: Servers | None, *dockets: Docket, scope: str) -> None:
     """Nothing of the scope's limits, and no parked key of the dockets, is left."""
     if server is None:
         for docket in dockets:
@@ -184,6 +185,9 @@ def assert_scope_free(server: Server | None, *dockets: Docket, scope: str) -> No
             pool = shelf.pool(scope)
             assert not any(pool.slots.values()), f"slots left behind: {pool.slots}"
             assert not pool.waiters, f"waiters left behind: {pool.waiters}"
+            assert not shelf.scoped_parked, f"scoped parked keys left: {shelf.scoped_parked}"
+            assert not any(shelf.scoped_waiters.values()), f"left: {shelf.scoped_waiters}"
+            assert not any(pool.waiting_dockets.values()), f"left: {pool.waiting_dockets}"
         return
     for name in (scope, *(d.name for d in dockets)):
         left = server_keys_left(server, name)
@@ -191,7 +195,7 @@ def assert_scope_free(server: Server | None, *dockets: Docket, scope: str) -> No
 
 
 async def test_a_scope_shared_by_two_dockets(
-    make_docket: MakeDocket, server_for: Callable[[], Server | None]
+    make_docket: MakeDocket, server_for: Callable[[], Servers | None]
 ) -> None:
     """Dockets naming one scope share its slots: a release in one docket wakes
     the waiters of the other, first in, first out."""
@@ -222,7 +226,7 @@ async def test_a_scope_shared_by_two_dockets(
 
 
 async def test_a_scope_is_shared_with_the_docket_of_that_name(
-    make_docket: MakeDocket, server_for: Callable[[], Server | None]
+    make_docket: MakeDocket, server_for: Callable[[], Servers | None]
 ) -> None:
     """A limit without a scope is scoped by its docket's name, so a limit of
     another docket naming that docket as its scope shares its slots."""
@@ -250,7 +254,7 @@ async def test_a_scope_is_shared_with_the_docket_of_that_name(
 
 
 async def test_a_stale_slot_of_a_scope_is_taken_over_from_another_docket(
-    make_docket: MakeDocket, server_for: Callable[[], Server | None]
+    make_docket: MakeDocket, server_for: Callable[[], Servers | None]
 ) -> None:
     """A worker of one docket died holding a slot of a shared scope: a waiter of
     another docket is woken once the slot has been stale for the timeout, with
@@ -265,15 +269,37 @@ async def test_a_stale_slot_of_a_scope_is_taken_over_from_another_docket(
     crashed, survivor = await make_docket(), await make_docket()
     for docket in (crashed, survivor):
         docket.register(export)
-    # a ghost worker of `crashed` claims its task, takes the slot, and dies
+    # a ghost worker of `crashed` claims its task, takes the scope's slot (the
+    # chain's first two steps: take it in the scope, confirm it in the docket),
+    # and dies
     await crashed.add(export, key="ghost-held")()
     now = time.time()
     (delivery,) = await claim_as(crashed, "ghost", 1, now)
     holder = f"{crashed.name}/ghost/{delivery.delivery_id}"
     limit_key = f"{scope}:concurrency:export"
-    acquire = acquisition(delivery, holder, limit_key, 1, now=now, stale_after=0.3, scope=scope)
-    (acquired,) = await crashed.adapter.execute([acquire])
-    assert isinstance(acquired, SlotAcquired) and acquired.acquired
+    take = TakeSlot(
+        scope=scope,
+        limit_key=limit_key,
+        holder=holder,
+        max_concurrent=1,
+        now=now,
+        stale_after=0.3,
+        delivery_id=delivery.delivery_id,
+        docket=crashed.name,
+    )
+    (taken,) = await crashed.adapter.execute([take])
+    assert taken == SlotTaken(delivery_id=delivery.delivery_id, acquired=True)
+    confirm = ConfirmSlot(
+        worker="ghost",
+        delivery_id=delivery.delivery_id,
+        key=delivery.message.key,
+        generation=delivery.message.generation,
+        limit_key=limit_key,
+        scope=scope,
+        now=now,
+    )
+    (confirmed,) = await crashed.adapter.execute([confirm])
+    assert confirmed == SlotConfirmed(delivery_id=delivery.delivery_id)
     died_at = time.monotonic()
 
     docket_name = survivor.name
@@ -467,7 +493,7 @@ async def test_a_cancelled_waiter_leaves_nothing_on_the_memory_shelf(docket: Doc
 
 
 async def test_a_cancelled_waiter_of_another_docket_never_runs(
-    make_docket: MakeDocket, server_for: Callable[[], Server | None]
+    make_docket: MakeDocket, server_for: Callable[[], Servers | None]
 ) -> None:
     """A task of one docket holds the scope's slot; two of another docket park
     behind it, one of them is cancelled: it never runs, and nothing is left."""
@@ -480,7 +506,7 @@ async def test_a_cancelled_waiter_of_another_docket_never_runs(
 
 
 async def test_clear_cancels_parked_tasks(
-    docket: Docket, server_for: Callable[[], Server | None]
+    docket: Docket, server_for: Callable[[], Servers | None]
 ) -> None:
     exclusive = Exclusive()
     docket.register(exclusive.task)

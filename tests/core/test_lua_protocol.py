@@ -17,10 +17,13 @@ from docket_core.lua.entries import pack, unpack_fields
 from docket_core.lua.protocol import (
     BATCHED,
     GROUP,
+    RENEWED_SLOT_TTL_MS,
     Layout,
     ScriptCall,
+    acquire_fields,
     call_for,
     calls_for,
+    confirm_fields,
     finish_fields,
     memo_header,
     number,
@@ -28,7 +31,9 @@ from docket_core.lua.protocol import (
     outcome_for,
     outcomes_for,
     pack_fields,
+    park_fields,
     progress_call,
+    take_fields,
 )
 from docket_core.sansio.decisions import plan_add
 from docket_core.sansio.effects import (
@@ -37,13 +42,18 @@ from docket_core.sansio.effects import (
     Cancel,
     Claim,
     ClaimItem,
+    ConfirmSlot,
+    Enlist,
     Finish,
     Heartbeat,
+    Park,
     ReleaseSlot,
     RenewLeases,
     Request,
     Schedule,
     StoreEffect,
+    TakeSlot,
+    WakeParked,
 )
 from docket_core.sansio.errors import StoreError
 from docket_core.sansio.inputs import (
@@ -51,13 +61,18 @@ from docket_core.sansio.inputs import (
     Cancelled,
     Claimed,
     ClaimVerdict,
+    Enlisted,
     Finished,
     HeartbeatSent,
     LeasesRenewed,
     Outcome,
+    Parked,
     Scheduled,
     SlotAcquired,
+    SlotConfirmed,
     SlotReleased,
+    SlotTaken,
+    WokeParked,
 )
 from docket_core.sansio.values import (
     ExecutionState,
@@ -68,6 +83,10 @@ from docket_core.sansio.values import (
 )
 
 LAYOUT = Layout("orders")
+#: the namespace of the scope the scoped effects below name
+SHARED = Layout("shared")
+#: another docket, whose parked keys a ``WakeParked`` wakes
+OTHER = Layout("other")
 REQUEST = Request(origin="o-1", worker="w1", seq=7, floor=3, remember=90.5)
 
 
@@ -86,15 +105,32 @@ def schedule(key: str = "k", **fields: Any) -> Schedule:
 
 def acquire(n: int = 1, **fields: Any) -> AcquireSlot:
     return AcquireSlot(
-        limit_key="limit:f",
-        holder=f"w1/{n}-0",
-        max_concurrent=2,
-        now=10.0,
-        stale_after=60.0,
-        delivery_id=f"{n}-0",
-        message=message(f"k{n}"),
-        **fields,
-    )
+        limit_key="limit:f", holder=f"w1/{n}-0", max_concurrent=2, now=10.0, stale_after=60.0,
+        delivery_id=f"{n}-0", message=message(f"k{n}"), **fields,
+    )  # fmt: skip
+
+
+def take(n: int = 1, **fields: Any) -> TakeSlot:
+    fields = {"scope": "shared", "max_concurrent": 2, **fields}
+    return TakeSlot(
+        limit_key="limit:f", holder=f"w1/{n}-0", now=10.0, stale_after=60.0,
+        delivery_id=f"{n}-0", docket="orders", **fields,
+    )  # fmt: skip
+
+
+def confirm(n: int = 1) -> ConfirmSlot:
+    return ConfirmSlot(
+        worker="w1", delivery_id=f"{n}-0", key=f"k{n}", generation=3, limit_key="limit:f",
+        scope="shared", now=10.0,
+    )  # fmt: skip
+
+
+def park(n: int = 1, **fields: Any) -> Park:
+    fields.setdefault("retry_at", 70.0)
+    return Park(
+        delivery_id=f"{n}-0", message=message(f"k{n}", generation=3), limit_key="limit:f",
+        scope="shared", now=10.0, **fields,
+    )  # fmt: skip
 
 
 CLAIM = Claim(
@@ -106,13 +142,36 @@ CLAIM = Claim(
     now=10.0,
     request=REQUEST,
 )
+#: a renewal whose slots all live in the docket's namespace: one call
 RENEW = RenewLeases(
     worker="w1",
     delivery_ids=("1-0", "2-0"),
-    slots=(HeldSlot(limit_key="limit:f", holder="w1/1-0", scope="shared"),),
+    slots=(
+        HeldSlot(limit_key="limit:f", holder="w1/1-0"),
+        # a scope named as the docket is the docket's own namespace
+        HeldSlot(limit_key="limit:g", holder="w1/2-0", scope="orders"),
+    ),
+    now=10.0,
+)
+#: a renewal holding slots of two scopes and one of its own, interleaved
+RENEW_SCOPED = RenewLeases(
+    worker="w1",
+    delivery_ids=("1-0", "2-0"),
+    slots=(
+        HeldSlot(limit_key="limit:f", holder="w1/1-0", scope="shared"),
+        HeldSlot(limit_key="limit:g", holder="w1/2-0"),
+        HeldSlot(limit_key="limit:h", holder="w1/3-0", scope="other"),
+        HeldSlot(limit_key="limit:f", holder="w1/4-0", scope="shared"),
+    ),
     now=10.0,
 )
 RELEASE = ReleaseSlot(limit_key="limit:f", holder="w1/1-0", now=10.0, request=REQUEST)
+RELEASE_SCOPED = ReleaseSlot(
+    limit_key="limit:f", holder="w1/1-0", now=10.0, scope="shared", request=REQUEST
+)
+PASS_ON = ReleaseSlot(limit_key="limit:f", holder="", now=10.0, scope="shared", pass_on=True)
+WAKE = WakeParked(docket="other", scope="shared", limit_key="limit:f", now=10.0, request=REQUEST)
+ENLIST = Enlist(scope="shared", limit_key="limit:f", docket="other", since=8.5, now=10.0)
 CANCEL = Cancel(key="k", now=10.0, ttl=60.0, request=REQUEST)
 BURY = BuryMalformed(
     worker="w1",
@@ -124,18 +183,31 @@ BURY = BuryMalformed(
 )
 HEARTBEAT = Heartbeat(worker="w1", tasks=("f", "g"), now=10.0)
 
-#: one effect of every kind a script carries out
-EVERY_KIND: list[StoreEffect] = [
-    finish(),
-    schedule(),
-    acquire(),
-    CLAIM,
-    RENEW,
-    RELEASE,
-    CANCEL,
-    BURY,
-    HEARTBEAT,
+#: one effect of every kind a script carries out in one call, with the
+#: namespace that call runs in
+EVERY_KIND: list[tuple[StoreEffect, Layout]] = [
+    (finish(), LAYOUT),
+    (schedule(), LAYOUT),
+    (acquire(), LAYOUT),
+    (acquire(scope="orders"), LAYOUT),
+    (CLAIM, LAYOUT),
+    (RENEW, LAYOUT),
+    (RELEASE, LAYOUT),
+    (RELEASE_SCOPED, SHARED),
+    (PASS_ON, SHARED),
+    (take(), SHARED),
+    (confirm(), LAYOUT),
+    (park(), LAYOUT),
+    (WAKE, OTHER),
+    (ENLIST, SHARED),
+    (CANCEL, LAYOUT),
+    (BURY, LAYOUT),
+    (HEARTBEAT, LAYOUT),
 ]
+
+
+def kind_id(value: object) -> str | None:
+    return type(value).__name__ if isinstance(value, StoreEffect) else None
 
 
 # -- numbers and packed fields ------------------------------------------------------------
@@ -175,30 +247,39 @@ def test_the_memo_header_packs_the_request_and_is_empty_without_one() -> None:
 
 def test_every_key_of_a_docket_shares_its_hash_tag() -> None:
     keys = [
-        LAYOUT.stream,
-        LAYOUT.due,
-        LAYOUT.strikes,
-        LAYOUT.cancel_channel,
-        LAYOUT.events_channel("k"),
-        LAYOUT.run_key("k"),
+        LAYOUT.stream, LAYOUT.wake_stream, LAYOUT.due, LAYOUT.fence, LAYOUT.strikes,
+        LAYOUT.cancel_channel, LAYOUT.events_channel("k"), LAYOUT.run_key("k"),
         LAYOUT.progress_key("k"),
-    ]
+    ]  # fmt: skip
     assert all(key.startswith("{orders}:") for key in keys)
     assert len(set(keys)) == len(keys)
     assert LAYOUT.namespace(None) == "{orders}"
+    assert LAYOUT.namespace("orders") == "{orders}"
     assert LAYOUT.namespace("shared") == "{shared}"
+
+
+def test_a_calls_tag_is_its_layouts_prefix_or_its_first_keys_hash_tag() -> None:
+    assert LAYOUT.call("x").tag == "{orders}"
+    assert ScriptCall(name="x", keys=("{a}:q", "{a}:fence"), args=()).tag == "{a}"
+    assert ScriptCall(name="x", keys=(), args=()).tag == ""
 
 
 # -- effects to calls -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("effect", EVERY_KIND, ids=lambda e: type(e).__name__)
-def test_every_call_takes_the_docket_keys_and_only_text_or_bytes(effect: StoreEffect) -> None:
+@pytest.mark.parametrize(("effect", "where"), EVERY_KIND, ids=kind_id)
+def test_every_call_declares_its_namespaces_queue_and_fence_and_only_text_or_bytes(
+    effect: StoreEffect, where: Layout
+) -> None:
     ((call, covered),) = calls_for(LAYOUT, [effect])
     assert covered == 1
-    assert call.keys == (LAYOUT.stream, LAYOUT.due)
-    assert call.args[:2] == ("{orders}", GROUP)
+    assert call.layout == where
+    assert call.tag == where.prefix
+    assert call.keys == (where.stream, where.fence)
+    assert call.args[:2] == (where.prefix, GROUP)
     assert all(isinstance(arg, str | bytes) for arg in call.args), call.args
+    if type(effect) not in BATCHED:
+        assert call_for(LAYOUT, effect) == call
 
 
 def test_consecutive_schedules_and_finishes_share_calls_in_order() -> None:
@@ -238,28 +319,39 @@ def test_consecutive_schedules_and_finishes_share_calls_in_order() -> None:
 
 
 @pytest.mark.parametrize(
-    "effects",
+    ("effects", "width", "where"),
     [
-        [finish(1), finish(2, state=ExecutionState.FAILED, error="boom"), finish(3, result=b"r")],
-        [schedule("a"), schedule("b", acknowledge="1-0", expect_generation=4)],
-        [acquire(1), acquire(2, scope="shared")],
+        (
+            [
+                finish(1),
+                finish(2, state=ExecutionState.FAILED, error="boom"),
+                finish(3, result=b"r"),
+            ],
+            10,
+            LAYOUT,
+        ),
+        ([schedule("a"), schedule("b", acknowledge="1-0", expect_generation=4)], 12, LAYOUT),
+        ([acquire(1), acquire(2), acquire(3, scope="orders")], 10, LAYOUT),
+        ([take(1), take(2, max_concurrent=5)], 7, SHARED),
+        ([confirm(1), confirm(2)], 6, LAYOUT),
+        ([park(1), park(2, retry_at=99.5)], 12, LAYOUT),
     ],
-    ids=["finish", "schedule", "acquire"],
+    ids=["finish", "schedule", "acquire", "take", "confirm", "park"],
 )
 def test_a_batched_call_carries_fixed_fields_an_effect_the_last_its_request_number(
-    effects: list[StoreEffect],
+    effects: list[StoreEffect], width: int, where: Layout
 ) -> None:
     script, fields_of = BATCHED[type(effects[0])]
     ((call, covered),) = calls_for(LAYOUT, effects)
-    assert (call.name, covered) == (script, len(effects))
+    assert (call.name, covered, call.layout) == (script, len(effects), where)
     header, packed = call.args[2:]
     assert header == b""
     assert isinstance(packed, bytes)
     fields = unpack_fields(packed)
-    width = 12 if isinstance(effects[0], Schedule) else 10  # a schedule says how a run ended
     assert len(fields) == width * len(effects)
     assert packed == b"".join(fields_of(LAYOUT, effect) for effect in effects)
-    assert fields[width - 1 :: width] == [b""] * len(effects)  # no request: nobody resends these
+    if hasattr(effects[0], "request"):  # a confirmation is not remembered: it has none
+        assert fields[width - 1 :: width] == [b""] * len(effects)  # nobody resends these
 
 
 def test_finish_fields_say_whether_a_result_was_kept() -> None:
@@ -279,6 +371,160 @@ def test_a_batch_remembers_the_request_of_its_first_remembered_effect() -> None:
     assert unpack_fields(call.args[3])[9::10] == [b"", b"8", b"9"]  # type: ignore[arg-type]
 
 
+# -- concurrency slots: one script without a scope, the chain with one ----------------------
+
+
+def test_an_acquisition_without_a_scope_names_the_dockets_namespace() -> None:
+    fields = unpack_fields(acquire_fields(LAYOUT, acquire(2, request=REQUEST)))
+    assert fields == [
+        b"limit:f", b"w1/2-0", b"2", b"10.0", b"60.0", b"2-0", b"k2", b"1", b"{orders}", b"7",
+    ]  # fmt: skip
+    # a scope named as the docket is the docket's own namespace
+    assert acquire_fields(LAYOUT, acquire(2, scope="orders", request=REQUEST)) == pack(fields)
+
+
+def test_a_scoped_acquisition_is_refused_it_takes_the_chain() -> None:
+    scoped = acquire(2, scope="shared")
+    with pytest.raises(ValueError, match="TakeSlot"):
+        acquire_fields(LAYOUT, scoped)
+    with pytest.raises(ValueError, match="TakeSlot"):
+        calls_for(LAYOUT, [scoped])
+    with pytest.raises(ValueError, match="TakeSlot"):  # not half a batch either
+        calls_for(LAYOUT, [acquire(1), scoped])
+
+
+def test_a_take_runs_in_the_scope_and_names_the_docket_that_waits() -> None:
+    effect = take(4, request=REQUEST)
+    assert unpack_fields(take_fields(LAYOUT, effect)) == [
+        b"limit:f", b"w1/4-0", b"2", b"10.0", b"60.0", b"orders", b"7",
+    ]  # fmt: skip
+    ((call, covered),) = calls_for(LAYOUT, [effect])
+    assert (call.name, call.tag, covered) == ("take", "{shared}", 1)
+    assert call.args[2:] == (memo_header(REQUEST), take_fields(LAYOUT, effect))
+
+
+def test_takes_share_a_call_only_while_they_name_one_scope() -> None:
+    effects: list[StoreEffect] = [
+        take(1),
+        take(2),
+        take(3, scope="exports"),
+        take(4),
+        confirm(1),
+        confirm(2),
+        park(4),
+    ]
+    calls = calls_for(LAYOUT, effects)
+    assert [(call.name, call.tag, covered) for call, covered in calls] == [
+        ("take", "{shared}", 2),
+        ("take", "{exports}", 1),
+        ("take", "{shared}", 1),
+        ("confirm", "{orders}", 2),
+        ("park", "{orders}", 1),
+    ]
+
+
+def test_a_confirmation_and_a_parking_run_in_the_docket_and_name_the_scope() -> None:
+    assert unpack_fields(confirm_fields(LAYOUT, confirm(2))) == [
+        b"w1", b"2-0", b"k2", b"3", b"limit:f", b"{shared}",
+    ]  # fmt: skip
+    assert unpack_fields(park_fields(LAYOUT, park(2, request=REQUEST))) == [
+        b"2-0", b"k2", b"f", b"\x00p:1", b"10.5", b"1", b"3",  # the message
+        b"limit:f", b"{shared}", b"10.0", b"70.0", b"7",
+    ]  # fmt: skip
+    ((call, _),) = calls_for(LAYOUT, [park(2, request=REQUEST)])
+    assert call.args[2] == memo_header(REQUEST)
+    ((call, _),) = calls_for(LAYOUT, [confirm(2)])
+    assert call.args[2] == b""  # a confirmation is idempotent: no memo
+
+
+def test_a_release_runs_where_its_slots_live() -> None:
+    call = call_for(LAYOUT, RELEASE)
+    assert (call.name, call.tag) == ("release", "{orders}")
+    assert call.args[2:] == (memo_header(REQUEST), "7", "limit:f", "w1/1-0", "10.0", "0")
+    call = call_for(LAYOUT, RELEASE_SCOPED)
+    assert (call.name, call.tag) == ("release", "{shared}")
+    assert call.args[2:] == (memo_header(REQUEST), "7", "limit:f", "w1/1-0", "10.0", "0")
+    call = call_for(LAYOUT, PASS_ON)
+    assert (call.name, call.tag) == ("release", "{shared}")
+    assert call.args[2:] == (b"", "", "limit:f", "", "10.0", "1")
+
+
+def test_a_wake_up_runs_in_the_waiting_docket_and_an_enlistment_in_the_scope() -> None:
+    call = call_for(LAYOUT, WAKE)
+    assert (call.name, call.tag) == ("wake", "{other}")
+    assert call.args[2:] == (memo_header(REQUEST), "7", "limit:f", "{shared}", "10.0")
+    call = call_for(LAYOUT, ENLIST)
+    assert (call.name, call.tag) == ("enlist", "{shared}")
+    assert call.args[2:] == ("limit:f", "other", "8.5")
+
+
+# -- renewals --------------------------------------------------------------------------------
+
+
+def test_a_renewal_counts_its_deliveries_then_lists_its_own_slots() -> None:
+    call = call_for(LAYOUT, RENEW)
+    assert call.name == "renew"
+    worker, now, ttl, count, *rest = call.args[2:]
+    assert (worker, now, ttl, count) == ("w1", "10.0", RENEWED_SLOT_TTL_MS, "2")
+    assert rest == ["1-0", "2-0", "limit:f", "w1/1-0", "limit:g", "w1/2-0"]
+
+
+def test_a_renewal_of_scoped_slots_renews_each_scope_in_its_namespace() -> None:
+    calls = calls_for(LAYOUT, [RENEW_SCOPED])
+    assert [(call.name, call.tag, covered) for call, covered in calls] == [
+        ("renew", "{orders}", 1),
+        ("renew_slots", "{shared}", 0),  # scopes in the order their slots first appear
+        ("renew_slots", "{other}", 0),
+    ]
+    (renew, _), (shared, _), (other, _) = calls
+    assert renew.args[2:] == (
+        *("w1", "10.0", RENEWED_SLOT_TTL_MS, "2", "1-0", "2-0"),
+        *("limit:g", "w1/2-0"),  # only the slot without a scope
+    )
+    assert shared.args[2:] == (
+        "10.0",
+        RENEWED_SLOT_TTL_MS,
+        *("limit:f", "w1/1-0"),
+        *("limit:f", "w1/4-0"),
+    )
+    assert other.args[2:] == ("10.0", RENEWED_SLOT_TTL_MS, "limit:h", "w1/3-0")
+    assert all(call.keys == (call.tag + ":q", call.tag + ":fence") for call, _ in calls)
+    with pytest.raises(ValueError, match="several calls"):
+        call_for(LAYOUT, RENEW_SCOPED)
+
+
+def test_a_split_renewal_answers_one_outcome_merging_its_lost_slots() -> None:
+    effects: list[StoreEffect] = [finish(1), RENEW_SCOPED, RENEW_SCOPED, CANCEL]
+    calls = calls_for(LAYOUT, effects)
+    assert [covered for _, covered in calls] == [1, 1, 0, 0, 1, 0, 0, 1]
+    replies = [
+        [1],
+        [[b"2-0"], [b"w1/2-0"]],
+        [[], [b"w1/4-0"]],
+        [[], [b"w1/3-0"]],
+        [[], []],  # the second renewal lost nothing
+        [[], []],
+        [[], [b"w1/3-0"]],
+        b"",
+    ]
+    assert outcomes_for(effects, calls, replies) == [
+        Finished(delivery_id="1-0", recorded=True),
+        LeasesRenewed(lost=("2-0",), lost_slots=("w1/2-0", "w1/4-0", "w1/3-0")),
+        LeasesRenewed(lost_slots=("w1/3-0",)),
+        Cancelled(key="k", previous=None),
+    ]
+
+
+@pytest.mark.parametrize("part", [None, 1, [[]], [b"x", b"y", b"z"]])
+def test_a_part_of_a_split_renewal_of_another_shape_is_a_store_error(part: Any) -> None:
+    calls = calls_for(LAYOUT, [RENEW_SCOPED])
+    with pytest.raises(StoreError, match=r"answered|unexpected reply"):
+        outcomes_for([RENEW_SCOPED], calls, [[[], []], [[], []], part])
+
+
+# -- other calls -------------------------------------------------------------------------------
+
+
 def test_a_claim_lists_its_items_after_its_request() -> None:
     call = call_for(LAYOUT, CLAIM)
     assert call.name == "claim"
@@ -290,14 +536,6 @@ def test_a_claim_lists_its_items_after_its_request() -> None:
         *("1-0", "a", "1"),
         *("2-0", "b", "4"),
     )
-
-
-def test_a_renewal_counts_its_deliveries_then_lists_its_slots() -> None:
-    call = call_for(LAYOUT, RENEW)
-    assert call.name == "renew"
-    worker, now, _ttl, count, *rest = call.args[2:]
-    assert (worker, now, count) == ("w1", "10.0", "2")
-    assert rest == ["1-0", "2-0", "{shared}", "limit:f", "w1/1-0"]
 
 
 def test_a_heartbeat_sends_its_tasks_as_json() -> None:
@@ -365,7 +603,25 @@ def test_a_progress_call_leaves_what_it_does_not_set_empty() -> None:
         ),
         (RENEW, [[], []], LeasesRenewed()),
         (RENEW, [[b"2-0"], [b"w1/1-0"]], LeasesRenewed(lost=("2-0",), lost_slots=("w1/1-0",))),
-        (RELEASE, 2, SlotReleased(limit_key="limit:f", woken=2)),
+        (RELEASE, [1, b""], SlotReleased(limit_key="limit:f", woken=1)),
+        (RELEASE, [0, ""], SlotReleased(limit_key="limit:f", woken=0)),
+        (RELEASE_SCOPED, [0, b"other"], SlotReleased(limit_key="limit:f", woken=0, wake="other")),
+        (PASS_ON, [b"0", "other"], SlotReleased(limit_key="limit:f", woken=0, wake="other")),
+        (take(), 1, SlotTaken(delivery_id="1-0", acquired=True)),
+        (take(), b"0", SlotTaken(delivery_id="1-0", acquired=False)),
+        (take(), 2, SlotTaken(delivery_id="1-0", acquired=False, lost=True)),
+        (confirm(), 1, SlotConfirmed(delivery_id="1-0")),
+        (confirm(), b"2", SlotConfirmed(delivery_id="1-0", lost=True)),
+        (park(), 1, Parked(delivery_id="1-0", parked=True)),
+        (park(), 0, Parked(delivery_id="1-0", parked=False)),
+        (park(), 2, Parked(delivery_id="1-0", parked=False, lost=True)),
+        (
+            WAKE,
+            [1, 2, b"12.5"],
+            WokeParked(docket="other", limit_key="limit:f", woken=1, remaining=2, oldest=12.5),
+        ),
+        (WAKE, [0, 0, b""], WokeParked(docket="other", limit_key="limit:f", woken=0)),
+        (ENLIST, 1, Enlisted(docket="other", limit_key="limit:f")),
         (CANCEL, b"scheduled", Cancelled(key="k", previous=ExecutionState.SCHEDULED)),
         (CANCEL, b"", Cancelled(key="k", previous=None)),
         (BURY, 0, Buried(delivery_id="9-0", moved=False)),
@@ -373,7 +629,7 @@ def test_a_progress_call_leaves_what_it_does_not_set_empty() -> None:
         (BURY, 2, Buried(delivery_id="9-0", moved=True, failed_key=True)),
         (HEARTBEAT, b"OK", HeartbeatSent()),
     ],
-    ids=lambda value: type(value).__name__ if isinstance(value, StoreEffect) else None,
+    ids=kind_id,
 )
 def test_a_reply_becomes_the_effects_outcome(
     effect: StoreEffect, reply: Any, outcome: Outcome
@@ -397,39 +653,43 @@ def test_a_batch_answers_one_reply_per_effect_in_order() -> None:
     ]
 
 
+def test_the_chains_batches_answer_one_reply_per_effect_in_order() -> None:
+    effects: list[StoreEffect] = [take(1), take(2), confirm(1), park(2)]
+    calls = calls_for(LAYOUT, effects)
+    assert [covered for _, covered in calls] == [2, 1, 1]
+    assert outcomes_for(effects, calls, [[1, 0], [2], [1]]) == [
+        SlotTaken(delivery_id="1-0", acquired=True),
+        SlotTaken(delivery_id="2-0", acquired=False),
+        SlotConfirmed(delivery_id="1-0", lost=True),
+        Parked(delivery_id="2-0", parked=True),
+    ]
+
+
 @pytest.mark.parametrize(
     ("effects", "replies"),
     [
-        ([finish(1), finish(2)], [1]),  # not a list
-        ([finish(1), finish(2)], [[1]]),  # one reply short
-        ([finish(1), finish(2)], [[1, 1, 1]]),  # one reply too many
-        ([finish(1)], [[b"yes"]]),
-        ([schedule()], [[[1, 2]]]),  # two of three values
-        ([schedule()], [[[1, b"x", b"queued"]]]),
-        ([schedule()], [[[1, 2, b"no-such-state"]]]),
-        ([acquire()], [[None]]),
-        ([CLAIM], [[b"claimed"]]),  # one verdict for two items
-        ([CLAIM], [[b"claimed", b"maybe"]]),
-        ([RENEW], [None]),
-        ([RELEASE], [b"many"]),
-        ([CANCEL], [b"gone"]),
-        ([BURY], [[1]]),
-    ],
-    ids=[
-        "batch-not-a-list",
-        "batch-short",
-        "batch-long",
-        "finish-not-a-number",
-        "schedule-two-values",
-        "schedule-bad-generation",
-        "schedule-bad-state",
-        "acquire-none",
-        "claim-short",
-        "claim-bad-verdict",
-        "renew-none",
-        "release-not-a-number",
-        "cancel-bad-state",
-        "bury-a-list",
+        pytest.param([finish(1), finish(2)], [1], id="batch-not-a-list"),
+        pytest.param([finish(1), finish(2)], [[1]], id="batch-short"),
+        pytest.param([finish(1), finish(2)], [[1, 1, 1]], id="batch-long"),
+        pytest.param([finish(1)], [[b"yes"]], id="finish-not-a-number"),
+        pytest.param([schedule()], [[[1, 2]]], id="schedule-two-values"),
+        pytest.param([schedule()], [[[1, b"x", b"queued"]]], id="schedule-bad-generation"),
+        pytest.param([schedule()], [[[1, 2, b"no-such-state"]]], id="schedule-bad-state"),
+        pytest.param([acquire()], [[None]], id="acquire-none"),
+        pytest.param([take(1), take(2)], [[1]], id="take-short"),
+        pytest.param([take()], [[None]], id="take-none"),
+        pytest.param([confirm()], [[b"no"]], id="confirm-not-a-number"),
+        pytest.param([park()], [[[1]]], id="park-a-list"),
+        pytest.param([CLAIM], [[b"claimed"]], id="claim-short"),  # one verdict for two items
+        pytest.param([CLAIM], [[b"claimed", b"maybe"]], id="claim-bad-verdict"),
+        pytest.param([RENEW], [None], id="renew-none"),
+        pytest.param([RELEASE], [b"many"], id="release-not-a-pair"),
+        pytest.param([RELEASE], [2], id="release-a-bare-number"),  # the shape before [woken, wake]
+        pytest.param([RELEASE], [[b"x", b""]], id="release-woken-not-a-number"),
+        pytest.param([WAKE], [[1, 2]], id="wake-two-values"),
+        pytest.param([WAKE], [[1, 2, b"soon"]], id="wake-oldest-not-a-number"),
+        pytest.param([CANCEL], [b"gone"], id="cancel-bad-state"),
+        pytest.param([BURY], [[1]], id="bury-a-list"),
     ],
 )
 def test_a_reply_of_another_shape_is_a_store_error(

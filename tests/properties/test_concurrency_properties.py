@@ -5,13 +5,15 @@ one ``MemoryStore`` on a virtual clock: adds, reads (deliveries and
 redeliveries of running tasks), slow and failing tasks, cancels, small clock
 steps and clock jumps, worker crashes (also in the middle of a batch), stalls
 (a paused worker renews nothing until it resumes), lease faults (a worker whose
-delivery leases lapse while its slots stay fresh) and shutdowns.  The
-invariants are checked after every store round trip and every step; the
-teardown lets everything settle and checks that nothing leaked and that every
-task ran exactly once (at least once when a fault touched it).
-
-Below the machine, explicit tests replay the pydocket 0.15 bug (a blocked
-redelivery released the slot its running copy held) step by step.
+delivery leases lapse while its slots stay fresh) and shutdowns.  The "scoped"
+limit names a scope of its own, so it takes the chain of single-slot steps
+(``docket_core.sansio.scoped_slots``), and workers crash between its steps:
+after a ``TakeSlot`` (before its ``ConfirmSlot`` or ``Park``), after a
+``ReleaseSlot`` (before its ``WakeParked``), after a ``WakeParked`` (before
+its ``Enlist``).  The invariants are checked after every store round trip
+and every step; the teardown lets everything settle and checks that nothing
+leaked and that every task ran exactly once (at least once when a fault
+touched it).  The pydocket 0.15 bug, step by step: ``test_concurrency_regressions.py``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from docket_core.sansio import scoped_slots
 from docket_core.sansio.decisions import plan_add
 from docket_core.sansio.effects import (
     AcquireSlot,
@@ -46,8 +49,9 @@ from docket_core.sansio.effects import (
     ReleaseSlot,
     RenewLeases,
     StartTask,
-    StopReason,
     StoreEffect,
+    TakeSlot,
+    WakeParked,
 )
 from docket_core.sansio.inputs import (
     Arrival,
@@ -59,6 +63,7 @@ from docket_core.sansio.inputs import (
     ShutdownRequested,
     SlotAcquired,
     SlotReleased,
+    SlotTaken,
     TaskEnded,
     TaskOutcome,
     Tick,
@@ -68,20 +73,22 @@ from docket_core.sansio.values import (
     ConcurrencyPolicy,
     Delivery,
     ExecutionState,
-    HeldSlot,
     ScheduleMode,
     TaskPolicy,
 )
 from docket_core.sansio.worker import InFlight, WorkerConfig, WorkerMachine
+from docket_memory import scoped_chain
 from docket_memory.shelf import Shelf
 from docket_memory.simulate import drive
 from docket_memory.store import MemoryStore
 
 TIMEOUT = 5.0  # redelivery timeout (and slot staleness), seconds of virtual time
 TTL = 1e9  # records outlive the run: a missing one is a loss
-LIMITS = {"one": 1, "two": 2}
+LIMITS = {"one": 1, "two": 2, "scoped": 1}
+#: the scope of the "scoped" limit: not the docket's, so it takes the chain
+SCOPE = "elsewhere"
 #: a key's limit is part of its name; "free" keys are not limited
-KEYS = [f"{limit}-{i}" for limit in ("one", "one", "two", "free") for i in range(3)]
+KEYS = [f"{limit}-{i}" for limit in ("one", "one", "two", "scoped", "free") for i in range(3)]
 KEYS = sorted(set(KEYS))
 DURATIONS = [0.05, 0.5, 2.0, 12.0]  # 12 s outlives the redelivery timeout
 
@@ -90,7 +97,18 @@ def policy_for(key: str) -> TaskPolicy:
     limit = key.split("-")[0]
     if limit not in LIMITS:
         return TaskPolicy()
-    return TaskPolicy(concurrency=ConcurrencyPolicy(limit_key=limit, max_concurrent=LIMITS[limit]))
+    scope = SCOPE if limit == "scoped" else None
+    return TaskPolicy(
+        concurrency=ConcurrencyPolicy(limit_key=limit, max_concurrent=LIMITS[limit], scope=scope)
+    )
+
+
+#: a chain's steps a worker may be set to die right after (``crash_in_chain``)
+CHAIN_STEPS: dict[str, type[StoreEffect]] = {
+    "take": TakeSlot,
+    "release": ReleaseSlot,
+    "wake": WakeParked,
+}
 
 
 Ident = tuple[str, int]  # (key, generation): one execution
@@ -108,6 +126,8 @@ class Sim:
     #: lease fault: its renewals carry its slots but not its deliveries
     slots_only: bool = False
     missed_cancels: list[str] = attrs.field(factory=list)
+    #: dies right after the store ran a batch with a step of this kind
+    crash_after: type[StoreEffect] | None = None
 
 
 class ConcurrencyMachine(RuleBasedStateMachine):
@@ -134,6 +154,8 @@ class ConcurrencyMachine(RuleBasedStateMachine):
         self.evicted: set[str] = set()
         self.parked = 0
         self.woken = 0
+        #: workers that died between two steps of a chain
+        self.chain_crashes = 0
         #: whether runtimes read by themselves after every step
         self.eager = True
 
@@ -165,10 +187,18 @@ class ConcurrencyMachine(RuleBasedStateMachine):
     def ident(self, flight: InFlight) -> Ident:
         return (flight.message.key, flight.message.generation)
 
+    def slots_of(self, limit_key: str) -> dict[str, float]:
+        """The holders of a limit's slots, wherever its scope keeps them."""
+        scope = SCOPE if limit_key == "scoped" else None
+        return self.shelf.pool(scope).slots.get(limit_key, {})
+
+    def all_slots(self) -> dict[str, dict[str, float]]:
+        return {key: self.slots_of(key) for key in LIMITS}
+
     def note_stale(self) -> None:
         """Remember every holder the store may now take over (as it would see it)."""
         cutoff = self.now - TIMEOUT
-        for slots in self.shelf.slots.values():
+        for slots in self.all_slots().values():
             for holder, renewed in slots.items():
                 if renewed <= cutoff:
                     self.evicted.add(holder)
@@ -198,8 +228,8 @@ class ConcurrencyMachine(RuleBasedStateMachine):
                     self.check_release(sim, effect)
             outcomes = self.execute(sent)
             for effect, outcome in zip(sent, outcomes, strict=True):
-                if isinstance(effect, AcquireSlot):
-                    assert isinstance(outcome, SlotAcquired)
+                if isinstance(effect, AcquireSlot | TakeSlot):
+                    assert isinstance(outcome, SlotAcquired | SlotTaken)
                     if outcome.acquired:
                         # a holder (worker/delivery) acquires again only once its previous
                         # run gave the slot back or lost it (the delivery came back to it)
@@ -214,6 +244,11 @@ class ConcurrencyMachine(RuleBasedStateMachine):
                 elif isinstance(effect, ReleaseSlot):
                     assert isinstance(outcome, SlotReleased)
                     self.woken += outcome.woken
+            if sim.crash_after is not None and any(isinstance(e, sim.crash_after) for e in sent):
+                # the step ran; its worker dies before it hears, and sends no next step
+                self.chain_crashes += 1
+                self.crash_sim(sim)
+                return
             machine.store_replied(batch, outcomes, self.now)
             self.check_limits()
 
@@ -230,9 +265,7 @@ class ConcurrencyMachine(RuleBasedStateMachine):
             if flight.policy.concurrency is not None:
                 assert flight.slot == flight.policy.concurrency.limit_key
                 holder = sim.machine.holder(effect.delivery_id)
-                assert holder in self.shelf.slots.get(flight.slot, {}), (
-                    f"{ident} starts without its slot"
-                )
+                assert holder in self.slots_of(flight.slot), f"{ident} starts without its slot"
             self.starts[ident] += 1
             if ident not in self.tainted:
                 assert self.starts[ident] == 1, f"{ident} started twice without a fault"
@@ -311,25 +344,27 @@ class ConcurrencyMachine(RuleBasedStateMachine):
     # -- invariants ----------------------------------------------------------------
 
     def check_release(self, sim: Sim, effect: ReleaseSlot) -> None:
+        if effect.pass_on:
+            return  # a wake-up passed on: it releases nothing
         holder = effect.holder
         assert holder.startswith(f"{sim.name}/"), f"{sim.name} released {holder}'s slot"
         assert holder in self.acquired, f"{holder} released a slot it never acquired"
         assert holder not in self.released, f"{holder} released its slot twice"
-        slots = self.shelf.slots.get(effect.limit_key, {})
+        slots = self.slots_of(effect.limit_key)
         assert holder in slots or holder in self.evicted, (
             f"{holder} released a slot of {effect.limit_key} it does not hold"
         )
         self.released.add(holder)
 
-    def check_parked(self, effect: AcquireSlot) -> None:
-        slots = self.shelf.slots.get(effect.limit_key, {})
+    def check_parked(self, effect: AcquireSlot | TakeSlot) -> None:
+        slots = self.slots_of(effect.limit_key)
         assert len(slots) >= effect.max_concurrent, "parked although a slot was free"
         assert all(t > self.now - TIMEOUT for t in slots.values()), (
             "parked although a stale slot could be taken over"
         )
 
     def check_limits(self) -> None:
-        for limit_key, slots in self.shelf.slots.items():
+        for limit_key, slots in self.all_slots().items():
             assert len(slots) <= LIMITS[limit_key], f"{limit_key} has {len(slots)} slots"
         running: Counter[str] = Counter()
         for sim in self.healthy():
@@ -344,7 +379,7 @@ class ConcurrencyMachine(RuleBasedStateMachine):
                     continue  # its worker was paused past the timeout (see the xfail below)
                 limit_key = flight.policy.concurrency.limit_key
                 assert flight.slot == limit_key
-                assert holder in self.shelf.slots.get(limit_key, {}), (
+                assert holder in self.slots_of(limit_key), (
                     f"{holder} runs {self.ident(flight)} but its slot is gone"
                 )
                 running[limit_key] += 1
@@ -360,7 +395,7 @@ class ConcurrencyMachine(RuleBasedStateMachine):
     def waiters_do_not_poll(self) -> None:
         """A parked message is only in the waiters: never queued or scheduled."""
         for waiting in self.shelf.waiters.values():
-            for message in waiting:
+            for message in (waiter.message for waiter in waiting):
                 assert message.key not in self.shelf.future or (
                     self.shelf.future[message.key].generation != message.generation
                 )
@@ -455,6 +490,17 @@ class ConcurrencyMachine(RuleBasedStateMachine):
             self.crash_sim(sim)
         self.after_step()
 
+    @rule(worker=workers, step=st.sampled_from(sorted(CHAIN_STEPS)))
+    def crash_in_chain(self, worker: str, step: str) -> None:
+        """The worker dies right after the store runs its next step of this
+        kind, before it hears the answer: between a ``TakeSlot`` and its
+        ``ConfirmSlot``/``Park``, a ``ReleaseSlot`` and its ``WakeParked``,
+        a ``WakeParked`` and its ``Enlist``."""
+        sim = self.sim(worker)
+        if sim is not None:
+            sim.crash_after = CHAIN_STEPS[step]
+        self.after_step()
+
     @rule(worker=workers)
     def crash_while_finishing(self, worker: str) -> None:
         """The outcome of a task never reaches the store: its worker died with it."""
@@ -511,6 +557,7 @@ class ConcurrencyMachine(RuleBasedStateMachine):
         """Faults stop; run on until quiet; nothing leaked, everything ran."""
         for sim in self.live():
             sim.slots_only = False
+            sim.crash_after = None
             if sim.stalled:
                 self.resume_sim(sim)
         if not [s for s in self.live() if s.machine.accepting]:
@@ -532,10 +579,13 @@ class ConcurrencyMachine(RuleBasedStateMachine):
         event(f"starts: {min(sum(self.starts.values()) // 10 * 10, 50)}+")
         event(f"parked: {min(self.parked, 5)}, woken: {min(self.woken, 5)}")
         event(f"faults: {'yes' if self.tainted else 'no'}, takeovers: {bool(self.evicted)}")
+        event(f"crashes in a chain: {min(self.chain_crashes, 3)}")
         shelf = self.shelf
         assert not shelf.ready and not shelf.future and not shelf.held
-        assert not any(shelf.slots.values()), f"slots leaked: {shelf.slots}"
+        slots = self.all_slots()
+        assert not any(slots.values()), f"slots leaked: {slots}"
         assert not any(shelf.waiters.values()), f"waiters left behind: {shelf.waiters}"
+        assert not shelf.scoped_parked and not shelf.scoped_waiters, "scoped waiters left"
         # every holder that acquired a slot gave it back or lost it to a takeover
         for holder in self.acquired - self.released:
             assert holder in self.evicted, f"{holder} never released its slot"
@@ -601,270 +651,50 @@ def test_the_properties_catch_a_release_by_a_blocked_delivery(
         )
 
 
-# -- the two-worker regression, step by step ---------------------------------------------
-
-L = "x:concurrency:task"
-LIMITED = TaskPolicy(concurrency=ConcurrencyPolicy(limit_key=L, max_concurrent=1))
-
-
-class Rig:
-    """Two (or more) worker machines over one memory store, driven by hand.
-    Keys starting with "U" are not limited; every other key is limited by L."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.shelf = Shelf()
-        self.store = MemoryStore(name="x", shelf=self.shelf)
-        self.machines: dict[str, WorkerMachine] = {}
-        #: every effect each machine emitted, in order
-        self.emitted: dict[str, list[Effect]] = {}
-
-    def worker(self, name: str) -> WorkerMachine:
-        config = WorkerConfig(name=name, concurrency=4, redelivery_timeout=TIMEOUT)
-        machine = self.machines[name] = WorkerMachine(config, self.now)
-        self.emitted[name] = []
-        return machine
-
-    def add(self, key: str) -> int:
-        effect = plan_add(
-            key=key,
-            function="task",
-            payload=b"",
-            when=self.now,
-            mode=ScheduleMode.ADD,
-            now=self.now,
+def test_the_properties_catch_a_scoped_park_that_never_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A key parked behind the scoped limit must come back by itself: its
+    wake-up may never come (its worker died between two steps of a chain,
+    or the holder died and nobody took its stale slot over).  Planted: a
+    retry time that never comes.  The machine must notice (a fixed seed: the
+    search is the same each run)."""
+    monkeypatch.setattr(scoped_slots, "parked_retry_at", lambda now, stale_after: now + 1e9)
+    with pytest.raises(AssertionError, match="never became quiet"):
+        run_state_machine_as_test(
+            ConcurrencyMachine,
+            settings=settings(
+                SETTINGS,
+                max_examples=2000,
+                database=None,
+                derandomize=True,
+                phases=[HypothesisPhase.generate],
+                print_blob=False,
+                report_multiple_bugs=False,
+            ),
         )
-        (outcome,) = drive(self.store.execute([effect]))
-        assert isinstance(outcome, Scheduled) and outcome.accepted
-        return outcome.generation
 
-    def pump(self, name: str) -> list[Effect]:
-        machine = self.machines[name]
-        emitted: list[Effect] = []
-        while effects := machine.effects():
-            emitted.extend(effects)
-            batch = [e for e in effects if isinstance(e, StoreEffect)]
-            if batch:
-                outcomes = drive(self.store.execute(batch))
-                machine.store_replied(batch, outcomes, self.now)
-        self.emitted[name].extend(emitted)
-        return emitted
 
-    def read(self, name: str, count: int = 1) -> list[Delivery]:
-        result = drive(
-            self.store.read(
-                worker=name, count=count, now=self.now, redelivery_timeout=TIMEOUT, block=0
-            )
+def test_the_properties_catch_a_scoped_take_past_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Planted: a ``TakeSlot`` that always acquires."""
+
+    def always(shelf: Shelf, effect: TakeSlot) -> SlotTaken:
+        shelf.pool(effect.scope).slots.setdefault(effect.limit_key, {})[effect.holder] = effect.now
+        return SlotTaken(delivery_id=effect.delivery_id, acquired=True)
+
+    monkeypatch.setitem(scoped_chain.STEPS, TakeSlot, always)
+    with pytest.raises(AssertionError, match="scoped"):
+        run_state_machine_as_test(
+            ConcurrencyMachine,
+            settings=settings(
+                SETTINGS,
+                max_examples=300,
+                database=None,
+                derandomize=True,
+                phases=[HypothesisPhase.generate],
+                print_blob=False,
+                report_multiple_bugs=False,
+            ),
         )
-        deliveries = list(result.deliveries)
-        if deliveries:
-            arrivals = tuple(
-                Arrival(delivery=d, policy=TaskPolicy() if d.message.key[0] == "U" else LIMITED)
-                for d in deliveries
-            )
-            self.machines[name].receive(Delivered(arrivals=arrivals, now=self.now))
-            self.pump(name)
-        return deliveries
-
-    def end(self, name: str, delivery_id: str) -> list[Effect]:
-        self.machines[name].receive(
-            TaskEnded(delivery_id=delivery_id, now=self.now, outcome=TaskOutcome.SUCCEEDED)
-        )
-        return self.pump(name)
-
-    def renew_slot_only(self, name: str, holder: str) -> None:
-        (outcome,) = drive(
-            self.store.execute(
-                [
-                    RenewLeases(
-                        worker=name,
-                        delivery_ids=(),
-                        slots=(HeldSlot(limit_key=L, holder=holder),),
-                        now=self.now,
-                    )
-                ]
-            )
-        )
-        assert outcome is not None
-
-    def waiting_keys(self) -> list[str]:
-        return [m.key for m in self.shelf.waiters.get(L, ())]
-
-    def started(self, name: str) -> list[str]:
-        return [e.delivery_id for e in self.emitted[name] if isinstance(e, StartTask)]
-
-
-def blocked_redelivery() -> tuple[Rig, str, str]:
-    """Worker A runs K holding L's only slot; K's lease lapses (its slot stays
-    fresh); worker B gets the redelivered copy, whose AcquireSlot is parked."""
-    rig = Rig()
-    a, b = rig.worker("A"), rig.worker("B")
-    rig.add("K")
-    (delivery,) = rig.read("A")
-    assert rig.started("A") == [delivery.delivery_id]
-    holder_a = a.holder(delivery.delivery_id)
-    assert set(rig.shelf.slots[L]) == {holder_a}
-
-    # A stops renewing its delivery lease, but its slot is renewed
-    for _ in range(3):
-        rig.now += TIMEOUT / 2
-        rig.renew_slot_only("A", holder_a)
-
-    (copy,) = rig.read("B")
-    assert copy.redelivered and copy.message.key == "K"
-    assert copy.delivery_id == delivery.delivery_id  # the same message, another worker
-    acquires = [e for e in rig.emitted["B"] if isinstance(e, AcquireSlot)]
-    assert [e.holder for e in acquires] == [b.holder(copy.delivery_id)]
-    assert acquires[0].holder != holder_a
-    assert rig.started("B") == []  # blocked
-    assert b.idle and b.counters["parked"] == 1
-    return rig, delivery.delivery_id, holder_a
-
-
-def test_a_blocked_redelivery_of_a_running_task_never_releases_its_slot() -> None:
-    rig, delivery_id, holder_a = blocked_redelivery()
-    b = rig.machines["B"]
-    # B's cleanup released nothing: A's slot is still there
-    assert not [e for e in rig.emitted["B"] if isinstance(e, ReleaseSlot)]
-    assert set(rig.shelf.slots[L]) == {holder_a}
-    assert rig.waiting_keys() == ["K"]
-
-    # a third task C on the same limit is parked too: nobody took A's slot
-    rig.add("C")
-    (c,) = rig.read("B")
-    assert c.message.key == "C"
-    assert rig.started("B") == []
-    assert not [e for e in rig.emitted["B"] if isinstance(e, ReleaseSlot)]
-    assert set(rig.shelf.slots[L]) == {holder_a}
-    assert rig.waiting_keys() == ["K", "C"]
-    assert b.counters["parked"] == 2
-
-    # A finishes: its own release (the only one) wakes the oldest *live*
-    # waiter; K's parked copy is dead (A's run of it has just been recorded,
-    # in the same round trip before the release), so C goes next
-    assert rig.waiting_keys() == ["K", "C"]
-    effects = rig.end("A", delivery_id)
-    releases = [e for e in effects if isinstance(e, ReleaseSlot)]
-    assert [r.holder for r in releases] == [holder_a]
-    assert len(rig.shelf.ready) == 1
-    (woken,) = rig.shelf.ready.values()
-    assert woken.key == "C"
-    assert rig.waiting_keys() == []
-    assert not any(rig.shelf.slots.values())
-
-
-def test_a_blocked_redelivery_never_lets_two_run_at_once() -> None:
-    """Drive the scenario to the end: at no point do two tasks of L run."""
-    rig, delivery_id, _ = blocked_redelivery()
-    rig.add("C")
-    rig.read("B")
-    running: dict[str, str] = {"A": delivery_id}
-    rig.end("A", delivery_id)
-    del running["A"]
-    for _ in range(50):
-        for name in ("A", "B"):
-            before = len(rig.started(name))
-            rig.read(name, count=4)
-            for started in rig.started(name)[before:]:
-                running[f"{name}:{started}"] = started
-            assert len(running) <= 1, f"two tasks of L run at once: {running}"
-            assert len(rig.shelf.slots.get(L, {})) <= 1
-        for ident, started in list(running.items()):
-            name = ident.split(":")[0]
-            del running[ident]
-            rig.end(name, started)
-        rig.now += 0.5
-    assert not rig.shelf.ready and not rig.shelf.held and not rig.waiting_keys()
-    assert not any(rig.shelf.slots.values())
-    record = rig.shelf.records["C"]
-    assert record.state is ExecutionState.COMPLETED
-
-
-def test_a_limit_is_taken_over_only_after_its_holder_was_stale_for_the_timeout() -> None:
-    rig = Rig()
-    rig.worker("A")
-    rig.worker("B")
-    rig.add("K")
-    rig.read("A")
-    holder_a = next(iter(rig.shelf.slots[L]))
-    rig.machines.pop("A")  # A crashes: nothing renews its lease or its slot
-    rig.add("C")
-    rig.now += TIMEOUT - 0.5
-    rig.read("B")  # C: blocked while A's slot is not yet stale
-    assert rig.started("B") == [] and rig.waiting_keys() == ["C"]
-    rig.now += 0.5  # now A's slot (and K's lease) are stale
-    rig.read("B", count=4)
-    assert holder_a not in rig.shelf.slots.get(L, {})
-    # the stale slot went to exactly one task: K's redelivered copy or C
-    assert len(rig.started("B")) == 1
-    assert len(rig.shelf.slots[L]) == 1
-
-
-def test_a_blocked_redelivery_runs_the_task_only_once() -> None:
-    rig, delivery_id, _ = blocked_redelivery()
-    rig.add("C")
-    rig.read("B")
-    rig.end("A", delivery_id)
-    assert rig.shelf.records["K"].state is ExecutionState.COMPLETED
-    b = rig.machines["B"]
-    for _ in range(10):
-        rig.read("B", count=4)
-        for running in [d for d, f in b.in_flight.items() if f.phase is Phase.RUNNING]:
-            rig.end("B", running)
-        rig.now += 0.5
-    assert rig.shelf.records["C"].state is ExecutionState.COMPLETED
-    # K's copy asked for the slot once (and was parked), C twice; K never ran again
-    asked = [e.message.key for e in rig.emitted["B"] if isinstance(e, AcquireSlot)]
-    assert asked == ["K", "C", "C"]
-
-
-def test_a_blocked_redelivery_belongs_to_its_new_owner_and_the_old_one_stops() -> None:
-    """Once B took the delivery over (A's lease ran out), the record follows B's
-    copy, parked behind the limit; A learns at its next renewal that the
-    delivery is gone and stops its run without recording anything."""
-    rig, delivery_id, _ = blocked_redelivery()
-    record = rig.shelf.records["K"]
-    assert (record.state, record.worker) == (ExecutionState.SCHEDULED, None)
-    a = rig.machines["A"]
-    a.receive(Tick(now=rig.now))
-    effects = rig.pump("A")
-    cancels = [e for e in effects if isinstance(e, CancelTask)]
-    assert [(c.delivery_id, c.reason) for c in cancels] == [(delivery_id, StopReason.LEASE_LOST)]
-    assert a.in_flight[delivery_id].phase is Phase.ABANDONING
-
-
-def test_a_worker_that_lost_its_slot_while_paused_does_not_keep_running() -> None:
-    rig = Rig()
-    a = rig.worker("A")
-    rig.worker("B")
-    rig.add("U0")  # not limited
-    rig.add("K1")  # limited by L
-    first, second = rig.read("A", count=2)
-    assert (first.message.key, second.message.key) == ("U0", "K1")
-    assert rig.started("A") == [first.delivery_id, second.delivery_id]
-    rig.add("W")
-    rig.read("B")
-    assert rig.waiting_keys() == ["W"]
-    rig.now += TIMEOUT + 0.1  # A is paused: it renews nothing
-    (taken,) = rig.read("B", count=1)  # B takes over U0, the first stale delivery
-    assert taken.message.key == "U0" and taken.redelivered
-    a.receive(Tick(now=rig.now))  # A resumes
-    rig.pump("A")
-    rig.read("B", count=2)  # W, woken when A's stale slot was dropped
-    k1 = second.delivery_id
-    k1_running = k1 in a.in_flight and a.in_flight[k1].phase is Phase.RUNNING
-    w_running = any(f.message.key == "W" for f in rig.machines["B"].in_flight.values())
-    assert not (k1_running and w_running), "K1 and W both run under L (max 1)"
-
-
-def test_waiters_are_woken_first_in_first_out_when_the_reader_is_quick() -> None:
-    rig = Rig()
-    rig.worker("A")
-    for key in "abcd":
-        rig.add(key)
-    (a, *_) = rig.read("A", count=4)
-    assert rig.waiting_keys() == ["b", "c", "d"]
-    rig.end("A", a.delivery_id)  # the release wakes b
-    assert rig.waiting_keys() == ["c", "d"]
-    rig.read("A", count=4)  # the reader comes straight back
-    assert rig.waiting_keys() == ["c", "d"]

@@ -4,10 +4,13 @@ reference algebra (``docket_core.sansio.admission_state.decide``) does.
 Hypothesis draws sequences of admissions (task keys, generations, times that
 may go backwards as skewed clocks do, staleness, any subset of a debounce, a
 cooldown and two rate limits, one of them scoped and dropping) and resends of
-earlier ones at later times.  Each goes to the script (prelude + admit.lua,
-run with EVAL: the script is not registered yet) and to the algebra with a
-memo of first outcomes; after every step the outcomes and the stored state
-of every control must be equal to the last bit.  Redis and Valkey both.
+earlier ones at later times.  Each delivery is held by the sender, and its
+controls are judged one namespace after another (``admission_groups``), as
+the worker sends them, until one does not admit.  Each step goes to the
+script (prelude + admit.lua, run with EVAL in its namespace: the script is
+not registered yet) and to the algebra with a memo of first outcomes; after
+every step the outcomes and the stored state of every control must be equal
+to the last bit.  Redis and Valkey both.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from servers import Server
 
-from docket_core.lua.admission import admit_fields, admitted_from_reply
+from docket_core.lua.admission import admit_fields, admit_layout, admitted_from_reply
 from docket_core.lua.entries import pack, unpack_fields
 from docket_core.lua.protocol import GROUP, Layout, memo_header
 from docket_core.sansio.admission import (
@@ -36,7 +39,7 @@ from docket_core.sansio.admission import (
     DebouncePolicy,
     RateLimitPolicy,
     Verdict,
-    gate_order,
+    admission_groups,
 )
 from docket_core.sansio.admission_state import (
     Address,
@@ -75,12 +78,26 @@ def client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
 
 
 def run_script(client: redis.Redis, layout: Layout, effects: list[Admit]) -> list[Admitted]:
+    """Run one call of ``effects`` (of one namespace) where the adapter runs it."""
     request = next((e.request for e in effects if e.request is not None), None)
     blob = b"".join(admit_fields(layout, effect) for effect in effects)
+    where = admit_layout(layout, effects[0])
     replies: Any = client.eval(
-        SCRIPT, 2, layout.stream, layout.due, layout.prefix, GROUP, memo_header(request), blob
+        SCRIPT, 2, where.stream, where.fence, where.prefix, GROUP, memo_header(request), blob
     )
     return [admitted_from_reply(e, r) for e, r in zip(effects, replies, strict=True)]
+
+
+def held(client: redis.Redis, layout: Layout, count: int = 1, worker: str = "w") -> list[str]:
+    """The ids of ``count`` new deliveries of the docket that ``worker`` holds."""
+    try:
+        client.xgroup_create(layout.stream, GROUP, id="$", mkstream=True)
+    except redis.ResponseError:
+        pass  # (the group exists)
+    for _ in range(count):
+        client.xadd(layout.stream, {"k": "x"})
+    read: Any = client.xreadgroup(GROUP, worker, {layout.stream: ">"}, count=count)
+    return [entry_id.decode() for entry_id, _ in read[0][1]]
 
 
 def stored(client: redis.Redis, layout: Layout, control: Control) -> State | None:
@@ -154,31 +171,43 @@ def test_the_script_decides_as_the_algebra(client: redis.Redis, steps: list[Any]
     reference = Reference()
     sent: list[Admit] = []
     now = 1000.0
+    seq = 0
     for number, (key, generation, delta, stale, chosen, resend) in enumerate(steps, start=1):
         now += delta
-        if resend and len(sent) >= resend:
+        fresh = not (resend and len(sent) >= resend)
+        if not fresh:
             # a resend carries its first request and the time of its own attempt
-            effect = Admit(**{**_fields(sent[-resend]), "now": now})
+            effects = [Admit(**{**_fields(sent[-resend]), "now": now})]
         else:
-            request = Request(origin="o", worker="w", seq=number, floor=1, remember=1e6)
-            effect = Admit(
-                delivery_id=f"d{number}",
-                message=message(key, generation),
-                controls=gate_order(chosen),
-                now=now,
-                stale_after=stale,
-                ttl=60.0,
-                request=request,
-            )
-            sent.append(effect)
-        (got,) = run_script(client, layout, [effect])
-        expected = reference.run(effect)
-        assert got == expected, (number, effect)
-        for control in CONTROLS:
-            assert stored(client, layout, control) == reference.states.get(address(control)), (
-                number,
-                control,
-            )
+            (delivery_id,) = held(client, layout)
+            effects = []
+            for group in admission_groups(chosen) or ((),):
+                seq += 1
+                request = Request(origin="o", worker="w", seq=seq, floor=1, remember=1e6)
+                effects.append(
+                    Admit(
+                        delivery_id=delivery_id,
+                        message=message(key, generation),
+                        controls=group,
+                        now=now,
+                        stale_after=stale,
+                        ttl=60.0,
+                        request=request,
+                    )
+                )
+        for effect in effects:  # one namespace after another, while admitted
+            (got,) = run_script(client, layout, [effect])
+            expected = reference.run(effect)
+            assert got == expected, (number, effect)
+            if fresh:
+                sent.append(effect)
+            for control in CONTROLS:
+                assert stored(client, layout, control) == reference.states.get(address(control)), (
+                    number,
+                    control,
+                )
+            if got.verdict is not Verdict.ADMIT:
+                break
 
 
 def _fields(effect: Admit) -> dict[str, Any]:
@@ -200,9 +229,10 @@ def message(key: str, generation: int) -> TaskMessage:
 def test_a_batch_answers_one_reply_per_admission(client: redis.Redis) -> None:
     layout = Layout(f"adm-{uuid.uuid4().hex[:8]}")
     cooldown = CooldownPolicy(key="c", window=10.0)
+    ids = held(client, layout, 2)
     effects = [
         Admit(
-            delivery_id=f"d{i}",
+            delivery_id=ids[i - 1],
             message=message(f"k{i}", 1),
             controls=(cooldown,),
             now=100.0 + i,
@@ -229,17 +259,19 @@ def test_a_batch_answers_one_reply_per_admission(client: redis.Redis) -> None:
     ],
 )
 def test_malformed_input_is_refused_before_any_write(client: redis.Redis, controls: bytes) -> None:
-    layout = Layout(f"adm-{uuid.uuid4().hex[:8]}")
+    layout = Layout("x")  # (the controls' namespace, "{x}")
+    for leftover in client.keys("{x}*"):
+        client.delete(leftover)
     good = pack([b"cooldown", b"{x}", b"ok", b"5", b"", b""])
     head = [b"k", b"1", b"f", b"p", b"1", b"100.0", b"30.0", b"60.0"]
-    blob = pack([b"d1", *head, good, b"1"])
-    blob += pack([b"d2", *head, controls, b"2"])
+    blob = pack([b"d1", *head, good, b"1", b"1"])
+    blob += pack([b"d2", *head, controls, b"1", b"2"])
     request = Request(origin="o", worker="w", seq=1, floor=1, remember=60.0)
     with pytest.raises(redis.ResponseError, match="docket"):
         client.eval(
-            SCRIPT, 2, layout.stream, layout.due, layout.prefix, GROUP, memo_header(request), blob
+            SCRIPT, 2, layout.stream, layout.fence, layout.prefix, GROUP, memo_header(request), blob
         )
-    assert client.keys(f"{layout.prefix}*") == [] and client.keys("{x}*") == []
+    assert client.keys("{x}*") == []
 
 
 # -- settling blocked deliveries, with the docket's own scripts around --------------

@@ -1,17 +1,21 @@
 """Many concurrent operations on one Docket share a bounded set of
 connections: adds wait for a pooled connection instead of failing, and every
-``get_result`` waiting in a process listens through one shared subscriber."""
+``get_result`` waiting in a process listens through one shared subscriber.
+
+The servers are looked at on every node that holds a docket's keys
+(``data_ports()``: a cluster's every primary, a sentinel set's primary)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import anyio
 import pytest
 import redis
-from servers import Server
+from servers import Server, Servers
 
 from docket_core import Docket, Execution, Worker
 
@@ -25,46 +29,51 @@ async def echo(n: int) -> int:
     return n
 
 
-async def all_listening(server: Server | None, docket: Docket) -> int:
-    """Wait until every ``get_result`` is subscribed; return how many more
-    connections the server has than before they started."""
-    if server is None:
-        await anyio.sleep(0.2)
-        return 0
-    client = redis.Redis(host="127.0.0.1", port=server.port)  # sync: a side connection
+@contextmanager
+def data_nodes(server: Servers) -> Iterator[list[redis.Redis]]:
+    """A side connection to every node that holds the docket's keys (sync:
+    they never wait on the event loop under test)."""
+    clients = [redis.Redis(host="127.0.0.1", port=port) for port in server.data_ports()]
     try:
-        pattern = "{" + docket.name + "}:events:*"
-        while len(client.pubsub_channels(pattern)) < WAITS:
-            await anyio.sleep(0.02)
-        clients: int = client.info("clients")["connected_clients"]
-        return clients
+        yield clients
     finally:
-        client.close()
-
-
-async def pause(server: Server | None, seconds: float) -> None:
-    """Make the server hold every client's commands for a while."""
-    if server is not None:
-        client = redis.Redis(host="127.0.0.1", port=server.port)
-        try:
-            client.execute_command("CLIENT", "PAUSE", str(int(seconds * 1000)), "ALL")
-        finally:
+        for client in clients:
             client.close()
 
 
-async def connected(server: Server | None) -> int:
+async def all_listening(server: Servers | None, docket: Docket) -> int:
+    """Wait until every ``get_result`` is subscribed (on whichever node its
+    subscriber connection reached); return how many connections the data
+    nodes have then."""
+    if server is None:
+        await anyio.sleep(0.2)
+        return 0
+    pattern = "{" + docket.name + "}:events:*"
+    with data_nodes(server) as clients:
+        while len({c for client in clients for c in client.pubsub_channels(pattern)}) < WAITS:
+            await anyio.sleep(0.02)
+    return await connected(server)
+
+
+async def pause(server: Servers | None, seconds: float) -> None:
+    """Make every data node hold every client's commands for a while."""
+    if server is not None:
+        with data_nodes(server) as clients:
+            for client in clients:
+                pause_ms = str(int(seconds * 1000))
+                client.execute_command("CLIENT", "PAUSE", pause_ms, "ALL")  # type: ignore[no-untyped-call]
+
+
+async def connected(server: Servers | None) -> int:
+    """How many clients the data nodes have, all together."""
     if server is None:
         return 0
-    client = redis.Redis(host="127.0.0.1", port=server.port)
-    try:
-        clients: int = client.info("clients")["connected_clients"]
-        return clients
-    finally:
-        client.close()
+    with data_nodes(server) as clients:
+        return sum(int(client.info("clients")["connected_clients"]) for client in clients)
 
 
 async def test_ten_thousand_concurrent_adds_and_a_thousand_result_waits(
-    docket: Docket, server_for: Callable[[], Server | None]
+    docket: Docket, server_for: Callable[[], Servers | None]
 ) -> None:
     server = server_for()
     docket.register(echo)
@@ -112,7 +121,7 @@ async def test_ten_thousand_concurrent_adds_and_a_thousand_result_waits(
 
 @pytest.mark.backends("redis-asyncio")
 async def test_a_redis_url_gets_a_bounded_waiting_pool(docket_url: str) -> None:
-    from redis.asyncio import BlockingConnectionPool
+    from redis.asyncio import BlockingConnectionPool, Redis
 
     from docket_redis import RedisStore
     from docket_redis.store import MAX_CONNECTIONS, POOL_TIMEOUT
@@ -120,6 +129,7 @@ async def test_a_redis_url_gets_a_bounded_waiting_pool(docket_url: str) -> None:
     default = RedisStore.from_url(docket_url, name="pools")
     tuned = RedisStore.from_url(f"{docket_url}?max_connections=7&timeout=2.5", name="pools")
     try:
+        assert isinstance(default.client, Redis) and isinstance(tuned.client, Redis)
         pool = default.client.connection_pool
         assert isinstance(pool, BlockingConnectionPool)
         assert (pool.max_connections, pool.timeout) == (MAX_CONNECTIONS, POOL_TIMEOUT)
