@@ -41,6 +41,7 @@ from anyio.abc import TaskGroup
 from .adapter import Depths, ReadResult, StorageAdapter, StoreEvent
 from .partition_parts import part_names, settle_layout
 from .partition_reads import FairReader
+from .sansio.admission import Admit
 from .sansio.effects import (
     BuryMalformed,
     Cancel,
@@ -150,18 +151,70 @@ class PartitionedStore:
     # -- effects ---------------------------------------------------------------------
 
     async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
+        """Each piece to its store, in as few round trips as order allows.
+
+        Pieces bound for partitions touch disjoint keys, so a run of them goes
+        out as one call per partition, side by side.  A piece that touches a
+        scope or the home store (a take, an admission, a release, a wake, an
+        enlistment, a heartbeat) keeps its place: everything before it has
+        been answered before it goes (a finish before the release of its
+        slot), and it is answered before anything after it goes."""
         pieces = [piece for index, e in enumerate(effects) for piece in self._route(index, e)]
+        in_order = [p.target < 0 or isinstance(p.effect, TakeSlot | Admit) for p in pieces]
         _settle_any(pieces)
-        replies: list[Outcome] = []
+        replies: list[Outcome | None] = [None] * len(pieces)
         start = 0
-        while start < len(pieces):  # consecutive pieces of one store: one call
+        while start < len(pieces):
             end = start + 1
-            while end < len(pieces) and pieces[end].target == pieces[start].target:
-                end += 1
-            group = pieces[start:end]
-            replies += await self._store(group[0].target).execute([p.effect for p in group])
+            if in_order[start]:  # with the next in-order pieces for the same store
+                while (
+                    end < len(pieces)
+                    and in_order[end]
+                    and pieces[end].target == pieces[start].target
+                ):
+                    end += 1
+                await self._run(pieces, replies, list(range(start, end)))
+            else:
+                while end < len(pieces) and not in_order[end]:
+                    end += 1
+                by_store: dict[int, list[int]] = {}
+                for index in range(start, end):
+                    by_store.setdefault(pieces[index].target, []).append(index)
+                await self._run_side_by_side(pieces, replies, list(by_store.values()))
             start = end
-        return _merged(effects, pieces, replies)
+        answered = [reply for reply in replies if reply is not None]
+        return _merged(effects, pieces, answered)
+
+    async def _run(
+        self, pieces: Sequence[_Piece], replies: list[Outcome | None], indexes: list[int]
+    ) -> None:
+        """One store call for these pieces (all bound for one store)."""
+        store = self._store(pieces[indexes[0]].target)
+        outcomes = await store.execute([pieces[index].effect for index in indexes])
+        for index, outcome in zip(indexes, outcomes, strict=True):
+            replies[index] = outcome
+
+    async def _run_side_by_side(
+        self, pieces: Sequence[_Piece], replies: list[Outcome | None], groups: list[list[int]]
+    ) -> None:
+        """One call per group, concurrently; the first error is raised as it
+        is (the core decides what a failed batch means; resends are safe)."""
+        if len(groups) == 1:
+            await self._run(pieces, replies, groups[0])
+            return
+        errors: list[Exception] = []
+
+        async def run(indexes: list[int]) -> None:
+            try:
+                await self._run(pieces, replies, indexes)
+            except Exception as error:
+                errors.append(error)
+
+        async with anyio.create_task_group() as group:
+            for indexes in groups:
+                group.start_soon(run, indexes)
+        if errors:
+            raise errors[0]
 
     def _store(self, target: int) -> StorageAdapter:
         return self.home if target == HOME else self.parts[target]

@@ -1,0 +1,85 @@
+"""How a partitioned docket's store sends one batch of effects: the pieces
+bound for different partitions go side by side, a piece that touches the
+home store (or a scope) waits for everything before it, and a failure in one
+partition reaches the caller as the store error it is."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import pytest
+
+from docket_core import Docket
+from docket_core.partitioned import PartitionedStore
+from docket_core.sansio.effects import Cancel, Heartbeat, StoreEffect
+from docket_core.sansio.errors import StoreUnavailable
+from docket_core.sansio.inputs import Outcome
+from docket_core.sansio.partitions import partition_of
+
+pytestmark = [pytest.mark.anyio, pytest.mark.backends("memory-asyncio", "redis-asyncio")]
+
+
+def keys_in_each_partition(n: int) -> list[str]:
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < n:
+        found.setdefault(partition_of(f"key-{i}", n), f"key-{i}")
+        i += 1
+    return [found[p] for p in range(n)]
+
+
+def traced(store: Any, name: str, log: list[tuple[str, str, float]], delay: float) -> None:
+    original = store.execute
+
+    async def execute(effects: Sequence[StoreEffect]) -> list[Outcome]:
+        log.append(("start", name, time.monotonic()))
+        await anyio.sleep(delay)
+        outcomes: list[Outcome] = await original(effects)
+        log.append(("end", name, time.monotonic()))
+        return outcomes
+
+    store.execute = execute
+
+
+async def test_partitions_go_side_by_side_and_the_home_store_waits(
+    make_docket: Any,
+) -> None:
+    docket: Docket = await make_docket(partitions=3)
+    store = docket.adapter
+    assert isinstance(store, PartitionedStore)
+    log: list[tuple[str, str, float]] = []
+    for index, part in enumerate(store.parts):
+        traced(part, f"p{index}", log, 0.2)
+    traced(store.home, "home", log, 0.0)
+    now = time.time()
+    cancels = [Cancel(key=key, now=now, ttl=60.0) for key in keys_in_each_partition(3)]
+    beat = Heartbeat(worker="w", tasks=(), now=now)
+    started = time.monotonic()
+    outcomes = await store.execute([*cancels, beat])
+    elapsed = time.monotonic() - started
+    assert len(outcomes) == 4
+    # three partitions of 0.2 s each, side by side: well under 0.6 s
+    assert elapsed < 0.5, log
+    starts = {name: at for kind, name, at in log if kind == "start"}
+    ends = {name: at for kind, name, at in log if kind == "end"}
+    assert max(starts[f"p{i}"] for i in range(3)) < min(ends[f"p{i}"] for i in range(3))
+    # the heartbeat went only once every partition had answered
+    assert starts["home"] >= max(ends[f"p{i}"] for i in range(3))
+
+
+async def test_a_partition_that_fails_raises_its_store_error(make_docket: Any) -> None:
+    docket: Docket = await make_docket(partitions=3)
+    store = docket.adapter
+    assert isinstance(store, PartitionedStore)
+
+    async def unavailable(effects: Sequence[StoreEffect]) -> list[Outcome]:
+        raise StoreUnavailable("partition 1 is gone")
+
+    store.parts[1].execute = unavailable  # type: ignore[method-assign]
+    now = time.time()
+    cancels = [Cancel(key=key, now=now, ttl=60.0) for key in keys_in_each_partition(3)]
+    with pytest.raises(StoreUnavailable, match="partition 1 is gone"):
+        await store.execute(cancels)
