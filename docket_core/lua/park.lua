@@ -38,6 +38,11 @@ local function park(id, key, fn, payload, when, attempt, gen, limit, S, now, ret
 end
 local f = unpack_fields(ARGV[4])
 if #f % 12 ~= 0 then error('docket: park takes 12 fields a parking') end
+for i = 1, #f, 12 do  -- every input checked before the first write
+  if not (tonumber(f[i + 6]) and tonumber(f[i + 9]) and tonumber(f[i + 10])) then
+    error('docket: park takes numbers for generation, now and retry_at')
+  end
+end
 open_memo(ARGV[3])
 local parked = {}
 for i = 1, #f, 12 do

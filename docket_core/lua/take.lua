@@ -35,6 +35,11 @@ local function take(limit, holder, max, now, stale_after, docket)
 end
 local f = unpack_fields(ARGV[4])
 if #f % 7 ~= 0 then error('docket: take takes 7 fields a take') end
+for i = 1, #f, 7 do  -- every input checked before the first write
+  if not (tonumber(f[i + 2]) and tonumber(f[i + 3]) and tonumber(f[i + 4])) then
+    error('docket: take takes numbers for max, now and stale_after')
+  end
+end
 open_memo(ARGV[3])
 local taken = {}
 for i = 1, #f, 7 do

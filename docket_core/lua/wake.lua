@@ -7,6 +7,7 @@
 -- how many keys still wait, the park time of the oldest of them ('' if
 -- none)}; a resend answers its first outcome and does nothing.
 local seq, limit, S, now = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+if not tonumber(now) then error('docket: wake takes a number for now') end
 open_memo(ARGV[3])
 local first = recall(seq)
 if first then return first end
