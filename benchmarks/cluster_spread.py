@@ -19,8 +19,9 @@ partition count and worker count (interleaved: P=1, P=3, P=1, ...):
   round trips of the Lua scripts, batched), and the servers' CPU
   (``used_cpu_sys + used_cpu_user``, summed over the primaries) per task.
 
-The medians of the runs are printed as a markdown table and written to
-``benchmarks/results/cluster_spread.md`` (``--out`` to change it).
+The medians of the runs are printed as a markdown table, with each partition
+count's drain rate against the smallest count's, paired run by run, and
+written to ``benchmarks/results/cluster_spread.md`` (``--out`` to change it).
 """
 
 from __future__ import annotations
@@ -237,6 +238,26 @@ def table(rows: dict[tuple[str, int, int], list[Drain]]) -> str:
     return "\n".join(lines)
 
 
+def ratios(rows: dict[tuple[str, int, int], list[Drain]], base: int) -> str:
+    """Each partition count's drain rate against ``base`` partitions', per run
+    (the runs are interleaved, so a pair shares the machine's load): the
+    median of the paired ratios, and their range."""
+    lines = [
+        f"| client | workers | partitions | rate / rate with {base} (median of pairs) | range |",
+        "|---|---|---|---|---|",
+    ]
+    for (client, partitions, count), drains in rows.items():
+        paired = rows.get((client, base, count))
+        if partitions == base or paired is None:
+            continue
+        each = [d.rate / b.rate for d, b in zip(drains, paired, strict=False)]
+        lines.append(
+            f"| {client} | {count} | {partitions} | {statistics.median(each):.2f} "
+            f"| {min(each):.2f} to {max(each):.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=20_000)
@@ -296,6 +317,7 @@ def main() -> None:
         f"N={args.tasks:,} no-op tasks, worker concurrency {args.concurrency}, median of "
         f"{args.repeat} interleaved runs, a private 3-primary Valkey cluster on this machine "
         f"({os.cpu_count()} CPUs).\n\n{table(ordered)}\n\n"
+        f"{ratios(ordered, min(partition_counts))}\n\n"
         f"Load before: `{before}`  \nLoad after: `{after}`\n"
     )
     print()

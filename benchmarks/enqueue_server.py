@@ -1,24 +1,34 @@
 """Enqueue no-op tasks one by one on a private server, through redis-py and GLIDE.
 
-    python benchmarks/enqueue_server.py --tasks 5000 --repeat 3
+    python benchmarks/enqueue_server.py --tasks 20000 --repeat 5
 
-Starts a private ``redis-server`` on a free port; each run makes a fresh
-docket on one client and times ``--tasks`` sequential ``await
-docket.add(noop)()`` calls (wall time and this process's CPU time).  Runs
-alternate between the clients; the medians close the report, with GLIDE's
-rate as a fraction of redis-py's.  ``--profile FILE`` writes a cProfile of
-one GLIDE run instead.
+Starts a private ``redis-server`` on a free port.  Each run is its own
+process, as in ``run.py``'s harness (GLIDE's native threads, and where the
+kernel puts them, are a process's: runs in one process would share their
+luck), on a fresh docket after a ``FLUSHALL``, and times ``--tasks``
+sequential ``await docket.add(noop)(time.time())`` calls, the harness's
+"enqueue 1-by-1" (wall time; and this process's CPU time, GLIDE's threads
+included, and the event loop thread's alone).  The runs are paired and
+interleaved: each round runs both clients, which one first alternating; the
+medians close the report, with GLIDE's enqueue time over redis-py's (the
+harness's ratio) and each round's own ratio.  ``--inline`` runs everything
+in this process instead; ``--profile FILE`` writes a cProfile of one GLIDE
+run.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import statistics
+import subprocess
+import sys
 import time
 import uuid
 
 import anyio
+import redis
 from drain_server import private_server
 
 from docket_core import Docket
@@ -27,55 +37,92 @@ from docket_core.running import LOOPS, loop_options
 CLIENTS = ("redis", "glide")
 
 
-async def noop() -> None:
-    """The task: never runs here."""
+async def noop(t: float) -> None:
+    """The task (the harness's no-op takes the enqueue time): never runs here."""
 
 
-async def one_run(url: str, tasks: int) -> tuple[float, float]:
-    """Returns (wall seconds, CPU seconds) of ``tasks`` sequential adds."""
+async def one_run(url: str, tasks: int) -> dict[str, float]:
+    """Wall, process CPU and main-thread CPU seconds of ``tasks`` sequential adds."""
     name = f"bench-{uuid.uuid4().hex}"
     async with Docket(name=name, url=url) as docket:
         docket.register(noop)
-        add = docket.add(noop)
         for _ in range(100):  # warm up: connect, load the scripts
-            await add()
-        wall_started, cpu_started = time.perf_counter(), time.process_time()
+            await docket.add(noop)(time.time())
+        wall, cpu, thread = time.perf_counter(), time.process_time(), time.thread_time()
         for _ in range(tasks):
-            await add()
-        return time.perf_counter() - wall_started, time.process_time() - cpu_started
+            await docket.add(noop)(time.time())
+        return {
+            "wall": time.perf_counter() - wall,
+            "cpu": time.process_time() - cpu,
+            "thread": time.thread_time() - thread,
+        }
+
+
+def run(url: str, tasks: int, backend: str, inline: bool) -> dict[str, float]:
+    if inline:
+        return anyio.run(one_run, url, tasks, **loop_options(backend))
+    command = [sys.executable, __file__, "--one", url, "--tasks", str(tasks), "--backend", backend]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=5000, help="adds per run")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per client")
+    parser.add_argument("--tasks", type=int, default=20000, help="adds per run")
+    parser.add_argument("--repeat", type=int, default=5, help="rounds (one run per client each)")
     parser.add_argument("--backend", default="asyncio", choices=LOOPS)
     parser.add_argument("--server", default="redis-server", help="the server binary to start")
+    parser.add_argument("--inline", action="store_true", help="every run in this process")
     parser.add_argument("--profile", help="write a cProfile of one GLIDE run to this file")
+    parser.add_argument("--one", metavar="URL", help=argparse.SUPPRESS)  # a run's own process
     args = parser.parse_args()
-    options = loop_options(args.backend)
+    if args.one:
+        result = anyio.run(one_run, args.one, args.tasks, **loop_options(args.backend))
+        print(json.dumps(result))
+        return
     with private_server(args.server) as port:
         urls = {client: f"{client}://127.0.0.1:{port}/0" for client in CLIENTS}
+        admin = redis.Redis(port=port)
         if args.profile:
             profiler = cProfile.Profile()
+            options = loop_options(args.backend)
             profiler.runcall(anyio.run, one_run, urls["glide"], args.tasks, **options)
             profiler.dump_stats(args.profile)
             return
-        print(f"{args.tasks} sequential adds per run on {args.server} ({args.backend})")
-        print(f"{'run':>4} {'client':>6} {'adds/s':>9} {'CPU us/add':>11}")
-        rates: dict[str, list[float]] = {client: [] for client in CLIENTS}
+        where = "in this process" if args.inline else "a process each"
+        print(f"{args.tasks} sequential adds per run on {args.server} ({args.backend}, {where})")
+        header = ("round", 5), ("client", 6), ("seconds", 8), ("us/add", 7), ("CPU us/add", 10)
+        print(" ".join(f"{title:>{width}}" for title, width in header), f"{'loop':>6}")
+        times: dict[str, list[float]] = {client: [] for client in CLIENTS}
         cpus: dict[str, list[float]] = {client: [] for client in CLIENTS}
+        loops: dict[str, list[float]] = {client: [] for client in CLIENTS}
         for index in range(1, args.repeat + 1):
-            for client in CLIENTS:
-                wall, cpu = anyio.run(one_run, urls[client], args.tasks, **options)
-                rates[client].append(args.tasks / wall)
-                cpus[client].append(cpu / args.tasks * 1e6)
-                print(f"{index:>4} {client:>6} {rates[client][-1]:>9.0f} {cpus[client][-1]:>11.1f}")
+            order = CLIENTS if index % 2 else CLIENTS[::-1]
+            for client in order:
+                admin.flushall()
+                result = run(urls[client], args.tasks, args.backend, args.inline)
+                times[client].append(result["wall"])
+                cpus[client].append(result["cpu"] / args.tasks * 1e6)
+                loops[client].append(result["thread"] / args.tasks * 1e6)
+                print(
+                    f"{index:>5} {client:>6} {result['wall']:>8.3f}"
+                    f" {result['wall'] / args.tasks * 1e6:>7.1f}"
+                    f" {cpus[client][-1]:>10.1f} {loops[client][-1]:>6.1f}",
+                    flush=True,
+                )
+        admin.close()
         for client in CLIENTS:
-            rate, cpu = statistics.median(rates[client]), statistics.median(cpus[client])
-            print(f"{'med':>4} {client:>6} {rate:>9.0f} {cpu:>11.1f}")
-        ratio = statistics.median(rates["glide"]) / statistics.median(rates["redis"])
-        print(f"GLIDE / redis-py enqueue rate: {ratio:.2f}")
+            wall = statistics.median(times[client])
+            cpu, loop = statistics.median(cpus[client]), statistics.median(loops[client])
+            print(
+                f"{'med':>5} {client:>6} {wall:>8.3f} {wall / args.tasks * 1e6:>7.1f}"
+                f" {cpu:>10.1f} {loop:>6.1f}"
+            )
+        ratio = statistics.median(times["glide"]) / statistics.median(times["redis"])
+        rounds = [g / r for g, r in zip(times["glide"], times["redis"], strict=True)]
+        print(f"GLIDE / redis-py enqueue time (medians): {ratio:.3f} (rate {1 / ratio:.2f}x)")
+        print("per round: " + " ".join(f"{r:.3f}" for r in rounds))
 
 
 if __name__ == "__main__":

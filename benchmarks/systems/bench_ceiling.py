@@ -22,8 +22,10 @@ BODIES = {"noop": noop_body, "sleep": sleep_body, "timing": timing_body}
 class CeilingSystem(System):
     versions = ("redis",)
 
-    def __init__(self, url: str, profile: str, concurrency: int) -> None:
-        super().__init__(url, profile, concurrency)
+    def __init__(
+        self, url: str, profile: str, concurrency: int, options: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(url, profile, concurrency, options)
         self.client = redis.Redis.from_url(url)
         self.runner: asyncio.Task[None] | None = None
 

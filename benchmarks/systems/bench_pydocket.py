@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,10 +33,17 @@ async def timing(t: float) -> None:
     await timing_body(t)
 
 
-async def limited(
-    t: float, customer: int, limit: ConcurrencyLimit = ConcurrencyLimit("customer", 1)
-) -> None:
-    await sleep_body(t)
+def limited_task(per_key: int) -> Callable[[float, int], Awaitable[None]]:
+    """The sleep task, at most ``per_key`` at once per ``customer`` value."""
+
+    async def limited(
+        t: float,
+        customer: int,
+        limit: ConcurrencyLimit = ConcurrencyLimit("customer", max_concurrent=per_key),
+    ) -> None:
+        await sleep_body(t)
+
+    return limited
 
 
 class _Exhausted(logging.Handler):
@@ -48,14 +56,14 @@ class _Exhausted(logging.Handler):
 
 logging.getLogger("docket").addHandler(_Exhausted())
 
-TASKS = {"noop": noop, "sleep": sleeper, "timing": timing, "limited": limited}
-
 
 class PydocketSystem(System):
     versions = ("pydocket", "redis")
 
-    def __init__(self, url: str, profile: str, concurrency: int) -> None:
-        super().__init__(url, profile, concurrency)
+    def __init__(
+        self, url: str, profile: str, concurrency: int, options: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(url, profile, concurrency, options)
         self.server = not url.startswith("memory://")
         name = f"bench-{uuid.uuid4().hex[:8]}"
         if url.startswith("memory://"):
@@ -65,7 +73,13 @@ class PydocketSystem(System):
             # 100 needs more (see the README), so the tuned run raises the cap.
             url += "?max_connections=1000"
         self.docket = Docket(name=name, url=url)
-        for task in TASKS.values():
+        self.tasks: dict[str, Callable[..., Awaitable[None]]] = {
+            "noop": noop,
+            "sleep": sleeper,
+            "timing": timing,
+            "limited": limited_task(self.limit_per_key),
+        }
+        for task in self.tasks.values():
             self.docket.register(task)
         self.interval = timedelta(milliseconds=10 if profile == "tuned" else 250)
         self.worker: Worker | None = None
@@ -84,20 +98,19 @@ class PydocketSystem(System):
 
     async def enqueue(self, kind: str, t: float, key: int = 0) -> None:
         if kind == "limited":
-            await self.docket.add(limited)(t, key)
+            await self.docket.add(self.tasks[kind])(t, key)
         else:
-            await self.docket.add(TASKS[kind])(t)
+            await self.docket.add(self.tasks[kind])(t)
 
     async def enqueue_many(self, kind: str, n: int) -> None:
         import time
 
-        from _common import LIMIT_KEYS
-
         now = time.time()
+        task = self.tasks[kind]
         if kind == "limited":
-            calls = (self.docket.call(limited)(now, i % LIMIT_KEYS) for i in range(n))
+            calls = (self.docket.call(task)(now, i % self.limit_keys) for i in range(n))
         else:
-            calls = (self.docket.call(TASKS[kind])(now) for _ in range(n))
+            calls = (self.docket.call(task)(now) for _ in range(n))
         await self.docket.add_many(calls)  # pipelined, 1,000 per round trip
 
     async def schedule(self, due: float) -> None:

@@ -36,8 +36,10 @@ async def timing(ctx: Any, *, t: float) -> None:
 class SaqSystem(System):
     versions = ("saq", "redis", "hiredis")
 
-    def __init__(self, url: str, profile: str, concurrency: int) -> None:
-        super().__init__(url, profile, concurrency)
+    def __init__(
+        self, url: str, profile: str, concurrency: int, options: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(url, profile, concurrency, options)
         if profile == "tuned":
             # redis-py >= 7 caps a pool at 100 connections; C blocking dequeues
             # plus the producer need more.

@@ -38,8 +38,10 @@ def make_worker(url: str, concurrency: int) -> tuple[Worker[Any], dict[str, Any]
 class StreaqSystem(System):
     versions = ("streaq", "coredis", "anyio")
 
-    def __init__(self, url: str, profile: str, concurrency: int) -> None:
-        super().__init__(url, profile, concurrency)
+    def __init__(
+        self, url: str, profile: str, concurrency: int, options: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(url, profile, concurrency, options)
         self.producer, self.tasks = make_worker(url, concurrency)
         self.consumer, _ = make_worker(url, concurrency)
         self.runner: asyncio.Task[None] | None = None

@@ -20,8 +20,10 @@ from taskiq_redis import RedisStreamBroker
 class TaskiqSystem(System):
     versions = ("taskiq", "taskiq-redis", "redis")
 
-    def __init__(self, url: str, profile: str, concurrency: int) -> None:
-        super().__init__(url, profile, concurrency)
+    def __init__(
+        self, url: str, profile: str, concurrency: int, options: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(url, profile, concurrency, options)
         kwargs: dict[str, Any] = {}
         self.prefetch = 0
         if profile == "tuned":
