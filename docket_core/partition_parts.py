@@ -33,7 +33,21 @@ async def settle_layout(home: StorageAdapter, partitions: int) -> None:
     """Record ``partitions`` as the count of ``home``'s docket (``home`` is
     the open store named after the docket), or raise ``UsageError`` when
     another count is recorded and its partitions hold tasks.  One round
-    trip when the count is the recorded one."""
+    trip when the count is the recorded one.
+
+    The emptiness check and the compare-and-set (``layout.lua``) are two
+    steps, not one, and cannot be one: the partitions of a recorded count
+    above 1 live in other hash slots (other nodes) than ``{name}:partitions``,
+    and no script spans slots.  The compare-and-set makes concurrent openers
+    agree on one count (a loser sees the new count and checks it again).
+    What the check cannot rule out, atomic or not, is a docket still open
+    with the old count adding a task after the change (it checked the count
+    when it opened): its task waits in a partition no worker of the new
+    count reads, until a docket with the old count drains it.  Hence the
+    README's rule (drain the docket and stop its workers and producers
+    first), and a partitioned worker compares the recorded count with its
+    own at each heartbeat and stops, with ``layout_changed``'s error, when
+    they differ."""
     for _ in range(SETTLE_ATTEMPTS):
         recorded = await home.record_partitions(partitions, partitions)
         if recorded == partitions:

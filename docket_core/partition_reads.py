@@ -1,15 +1,16 @@
 """Reading a partitioned docket fairly (``PartitionedStore.read``).
 
-A read asks every partition at once, without blocking, for its share of
-``count`` (split evenly, the remainder to the first partitions, the first
-partition rotating each read).  When all of them come back empty, it keeps
-one blocking read going per partition and returns as soon as any of them
-comes back (it brought something, or something changed there), or at
-``block``.  The others are not cancelled: a
-blocking ``XREADGROUP`` cancelled after the server answered would leave its
-entries in this worker's pending list, unseen until the redelivery timeout.
-They run on in the store's task group, and what they bring is kept here and
-handed out by the next read (deliveries beyond ``count`` wait for the next).
+``sansio.fair_reads.FairReads`` decides which partitions a read asks, for
+how many, and what it hands out (a busy docket is drained one partition a
+read, in turn; otherwise every partition is asked side by side, then one
+blocking read is kept out per partition).  ``FairReader`` carries that out,
+with one ``FairReads`` a worker (several workers may share a store, and what
+a read took is held by its worker's consumer): the reads of one step side
+by side, the blocking ones in the store's task group.  A blocking read is
+never cancelled by the read that started it: a blocking ``XREADGROUP``
+cancelled after the server answered would leave its entries in this
+worker's pending list, unseen until the redelivery timeout.  It runs on,
+and what it brings is kept and handed out by the worker's next read.
 
 On ``close`` the reads still out are cancelled, as when a worker dies in the
 middle of a read: what they had taken comes back after the redelivery
@@ -23,39 +24,24 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
-import attrs
 from anyio.abc import TaskGroup
 
 from .adapter import ReadResult, StorageAdapter
-from .sansio.values import Delivery, MalformedEntry
+from .sansio.fair_reads import FairReads, PartRead
 
 
-def shares(count: int, order: Sequence[int]) -> list[tuple[int, int]]:
-    """``count`` split over the partitions of ``order``, the remainder to the
-    first ones: ``(partition, share)`` with a share above 0."""
-    if not order:
-        return []
-    base, extra = divmod(count, len(order))
-    split = [(index, base + (1 if n < extra else 0)) for n, index in enumerate(order)]
-    return [(index, share) for index, share in split if share > 0]
+class _Reads:
+    """One worker's reads: its decisions, and what its blocking reads left."""
 
+    def __init__(self, partitions: int, worker: str) -> None:
+        self.decide = FairReads(partitions, worker)
+        self.failure: Exception | None = None
+        self.arrived = anyio.Event()
 
-def prefixed(index: int, result: ReadResult) -> ReadResult:
-    """``result`` with its delivery ids naming partition ``index``."""
-    return ReadResult(
-        deliveries=tuple(
-            attrs.evolve(d, delivery_id=f"{index}/{d.delivery_id}") for d in result.deliveries
-        ),
-        next_due=result.next_due,
-        malformed=tuple(
-            attrs.evolve(m, delivery_id=f"{index}/{m.delivery_id}") for m in result.malformed
-        ),
-    )
-
-
-def soonest(*times: float | None) -> float | None:
-    known = [t for t in times if t is not None]
-    return min(known) if known else None
+    def raise_failure(self) -> None:
+        failure, self.failure = self.failure, None
+        if failure is not None:
+            raise failure
 
 
 class FairReader:
@@ -64,37 +50,11 @@ class FairReader:
     def __init__(self, parts: Sequence[StorageAdapter], spawn: Callable[[], TaskGroup]) -> None:
         self._parts = parts
         self._spawn = spawn
-        self._first = 0
-        #: partitions whose blocking read is still out
-        self._out: set[int] = set()
-        #: partitions whose next read recovers what this worker holds
-        self._recover: set[int] = set()
-        #: what reads brought and nobody took yet
-        self._kept: list[Delivery] = []
-        self._kept_malformed: list[MalformedEntry] = []
-        self._failure: Exception | None = None
-        self._due: dict[int, float | None] = {}
-        self._arrived = anyio.Event()
+        self._workers: dict[str, _Reads] = {}
 
-    def _order(self) -> list[int]:
-        count = len(self._parts)
-        first, self._first = self._first, (self._first + 1) % count
-        return [(first + n) % count for n in range(count)]
-
-    def _keep(self, index: int, result: ReadResult) -> None:
-        result = prefixed(index, result)
-        self._kept.extend(result.deliveries)
-        self._kept_malformed.extend(result.malformed)
-        self._due[index] = result.next_due
-
-    def _hand_out(self, count: int) -> ReadResult:
-        deliveries, self._kept = self._kept[:count], self._kept[count:]
-        malformed, self._kept_malformed = self._kept_malformed, []
-        return ReadResult(
-            deliveries=tuple(deliveries),
-            next_due=soonest(*self._due.values()),
-            malformed=tuple(malformed),
-        )
+    def forget(self, worker: str) -> None:
+        """``worker`` left: its reads are over."""
+        self._workers.pop(worker, None)
 
     async def read(
         self,
@@ -106,84 +66,90 @@ class FairReader:
         block: float,
         recover: bool = False,
     ) -> ReadResult:
-        if recover:
-            self._recover.update(range(len(self._parts)))
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            raise failure
+        state = self._workers.get(worker)
+        if state is None:
+            state = self._workers[worker] = _Reads(len(self._parts), worker)
+        reads = state.decide
+        if state.failure is not None:  # (a blocking read's, since the last read)
+            if recover:
+                reads.recovering.update(range(len(self._parts)))
+            state.raise_failure()
         options: dict[str, Any] = {
             "worker": worker,
             "now": now,
             "redelivery_timeout": redelivery_timeout,
         }
-        if not self._kept and not self._kept_malformed:
-            idle = [index for index in self._order() if index not in self._out]
-            await self._read_now(shares(count, idle), options)
-        if self._kept or self._kept_malformed or block <= 0:
-            return self._hand_out(count)
-        # nothing anywhere: one blocking read per partition, the first to
-        # bring something ends the wait (never past the soonest due time)
-        due = soonest(*self._due.values())
-        wait = block if due is None else min(block, max(due - now, 0.0))
-        self._arrived = anyio.Event()
-        idle = [index for index in self._order() if index not in self._out]
-        share = max(count // max(len(idle), 1), 1)
-        for index in idle:
-            self._out.add(index)
-            self._spawn().start_soon(self._read_blocking, index, share, wait, options)
-        with anyio.move_on_after(wait):
-            await self._arrived.wait()
-        if self._failure is not None and not self._kept and not self._kept_malformed:
-            failure, self._failure = self._failure, None
-            raise failure
-        return self._hand_out(count)
+        step = reads.first(count, recover)
+        while step:
+            await self._read_now(reads, step, options)
+            step = reads.rest(count)
+        if not reads.ready and block > 0:
+            wait, blocking = reads.blocking(count, now, block)
+            state.arrived = anyio.Event()
+            for part_read in blocking:
+                self._spawn().start_soon(self._read_blocking, state, part_read, wait, options)
+            with anyio.move_on_after(wait):
+                await state.arrived.wait()
+            if not reads.ready:
+                state.raise_failure()
+        handout = reads.hand_out(count)
+        return ReadResult(
+            deliveries=handout.deliveries, next_due=handout.next_due, malformed=handout.malformed
+        )
 
-    async def _read_now(self, plan: list[tuple[int, int]], options: dict[str, Any]) -> None:
-        """One read without blocking per partition of ``plan``, side by side;
-        a failure of any drops what the others brought (the next read
-        recovers it from every partition) and is raised."""
+    async def _read_part(self, read: PartRead, block: float, options: dict[str, Any]) -> ReadResult:
+        return await self._parts[read.partition].read(
+            count=read.count, block=block, recover=read.recover, **options
+        )
+
+    async def _read_now(
+        self, reads: FairReads, step: Sequence[PartRead], options: dict[str, Any]
+    ) -> None:
+        """The reads of ``step`` without blocking, side by side; a failure of
+        any drops what the others brought (their partitions' next reads hand
+        it back) and is raised."""
+        if len(step) == 1:
+            (read,) = step
+            try:
+                result = await self._read_part(read, 0, options)
+            except Exception:
+                reads.failed(read)
+                raise
+            reads.brought(read, result.deliveries, result.malformed, result.next_due)
+            return
         results: dict[int, ReadResult] = {}
         failures: list[Exception] = []
 
-        async def one(index: int, share: int) -> None:
-            recover = index in self._recover
+        async def one(read: PartRead) -> None:
             try:
-                results[index] = await self._parts[index].read(
-                    count=share, block=0, recover=recover, **options
-                )
+                results[read.partition] = await self._read_part(read, 0, options)
             except Exception as error:
                 failures.append(error)
-            else:
-                self._recover.discard(index)
 
         async with anyio.create_task_group() as group:
-            for index, share in plan:
-                group.start_soon(one, index, share)
+            for read in step:
+                group.start_soon(one, read)
         if failures:
-            self._recover.update(results)
+            for read in step:
+                reads.failed(read)
             raise failures[0]
-        for index, _ in plan:
-            self._keep(index, results[index])
+        for read in step:
+            result = results[read.partition]
+            reads.brought(read, result.deliveries, result.malformed, result.next_due)
 
     async def _read_blocking(
-        self, index: int, share: int, wait: float, options: dict[str, Any]
+        self, state: _Reads, read: PartRead, wait: float, options: dict[str, Any]
     ) -> None:
         """A blocking read of one partition, in the store's task group: what
-        it brings is kept for whichever read comes next."""
-        recover = index in self._recover
+        it brings is kept for the worker's next read."""
         try:
-            result = await self._parts[index].read(
-                count=share, block=wait, recover=recover, **options
-            )
+            result = await self._read_part(read, wait, options)
         except Exception as error:
-            self._recover.add(index)
-            self._failure = self._failure or error
-            self._arrived.set()
+            state.decide.failed(read)
+            state.failure = state.failure or error
+            state.arrived.set()
             return
-        finally:
-            self._out.discard(index)
-        self._recover.discard(index)
-        self._keep(index, result)
+        state.decide.brought(read, result.deliveries, result.malformed, result.next_due)
         # (back early with nothing: something changed there, as a wake-up
         # for a sooner schedule; the caller reads again)
-        self._arrived.set()
+        state.arrived.set()

@@ -9,18 +9,17 @@ docket-wide things (heartbeats and workers, strikes, the recorded partition
 count) stay in ``home``, the ordinary store named ``name``.
 
 - Each partition's store is ``home.sibling(name)``: on ``home``'s client.
-- A task key lives in partition ``partition_of(key, N)``; a delivery id
-  names its partition, ``"<i>/<entry id>"``.  Effects go to the partition of
-  their delivery or key, with the ``i/`` taken off going in and put back on
-  the outcomes; a ``Claim`` or ``RenewLeases`` over several partitions is
-  split and its outcomes merged.  Steps that run in a scope or in a named
-  docket (``Enlist``, a scoped ``ReleaseSlot``, ``WakeParked``) name their
-  own namespace, and run on any partition's store.
+- Effects: ``sansio.partition_routes.route`` decides where each goes (the
+  partition of its delivery id, ``"<i>/<entry id>"``, or of its key; claims
+  and renewals split; home and scope steps in order) and ``merged`` puts the
+  outcomes together; this adapter sends the rounds.  A heartbeat is followed
+  by a look at the recorded partition count: a worker opened with another
+  count is refused (``sansio.partitions.layout_changed``), and stops.
 - Concurrency limits span the partitions: the runtime scopes an unscoped
   limit to the docket's name (``partition_parts.spanning_limits``), so its
   slots live in ``{name}`` and it takes the scoped chain; ``TakeSlot``
   registers the delivery's partition as the waiting docket.
-- Reads: ``partition_reads.FairReader``.
+- Reads: ``partition_reads.FairReader`` (decided by ``sansio.fair_reads``).
 - The partition count is recorded in ``home`` (``{name}:partitions``, absent
   means 1; ``StorageAdapter.record_partitions``).  Opening with another
   count, ``partitions=1`` included (``Docket`` checks that one), is refused
@@ -41,20 +40,11 @@ from anyio.abc import TaskGroup
 from .adapter import Depths, ReadResult, StorageAdapter, StoreEvent
 from .partition_parts import part_names, settle_layout
 from .partition_reads import FairReader
-from .sansio.admission import Admit
-from .sansio.effects import (
-    BuryMalformed,
-    Cancel,
-    Claim,
-    Heartbeat,
-    RenewLeases,
-    Schedule,
-    StoreEffect,
-    TakeSlot,
-)
-from .sansio.errors import UsageError
-from .sansio.inputs import Claimed, LeasesRenewed, Outcome
-from .sansio.partitions import partition_of, split_delivery_id
+from .sansio.effects import StoreEffect
+from .sansio.errors import StoreError, UsageError
+from .sansio.inputs import Outcome
+from .sansio.partition_routes import HOME, Piece, merged, route
+from .sansio.partitions import layout_changed, partition_of, split_delivery_id
 from .sansio.strikes import StrikeInstruction, StrikeList
 from .sansio.values import (
     DeadLetter,
@@ -64,21 +54,6 @@ from .sansio.values import (
     WorkerRecord,
 )
 from .serialization import Signing
-
-#: where a piece of an effect goes: a partition, ``HOME``, or ``ANY`` store
-HOME, ANY = -1, -2
-
-
-@attrs.frozen(slots=True)
-class _Piece:
-    """One effect (or one partition's part of it) on its way to a store."""
-
-    target: int
-    effect: StoreEffect
-    #: the index of the effect it is (part of)
-    origin: int
-    #: the partition whose prefix its outcome's delivery ids get back
-    partition: int | None
 
 
 class PartitionedStore:
@@ -151,51 +126,37 @@ class PartitionedStore:
     # -- effects ---------------------------------------------------------------------
 
     async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
-        """Each piece to its store, in as few round trips as order allows.
-
-        Pieces bound for partitions touch disjoint keys, so a run of them goes
-        out as one call per partition, side by side.  A piece that touches a
-        scope or the home store (a take, an admission, a release, a wake, an
-        enlistment, a heartbeat) keeps its place: everything before it has
-        been answered before it goes (a finish before the release of its
-        slot), and it is answered before anything after it goes."""
-        pieces = [piece for index, e in enumerate(effects) for piece in self._route(index, e)]
-        in_order = [p.target < 0 or isinstance(p.effect, TakeSlot | Admit) for p in pieces]
-        _settle_any(pieces)
-        replies: list[Outcome | None] = [None] * len(pieces)
-        start = 0
-        while start < len(pieces):
-            end = start + 1
-            if in_order[start]:  # with the next in-order pieces for the same store
-                while (
-                    end < len(pieces)
-                    and in_order[end]
-                    and pieces[end].target == pieces[start].target
-                ):
-                    end += 1
-                await self._run(pieces, replies, list(range(start, end)))
-            else:
-                while end < len(pieces) and not in_order[end]:
-                    end += 1
-                by_store: dict[int, list[int]] = {}
-                for index in range(start, end):
-                    by_store.setdefault(pieces[index].target, []).append(index)
-                await self._run_side_by_side(pieces, replies, list(by_store.values()))
-            start = end
-        answered = [reply for reply in replies if reply is not None]
-        return _merged(effects, pieces, answered)
+        """Each piece to its store (``sansio.partition_routes.route``): the
+        rounds one after the other, the groups of a round side by side."""
+        plan = route(effects, self.partitions, self.part_names)
+        replies: list[Outcome | None] = [None] * len(plan.pieces)
+        for groups in plan.rounds:
+            await self._run_side_by_side(plan.pieces, replies, groups)
+        if self._reader is not None:
+            for worker in plan.leaving:
+                self._reader.forget(worker)
+        if plan.checks_layout:
+            recorded = await self.home.record_partitions(self.partitions, self.partitions)
+            problem = layout_changed(self.name, self.partitions, recorded)
+            if problem is not None:  # (refused: the worker stops, its batch unanswered)
+                raise StoreError(problem)
+        return merged(effects, plan, replies)  # type: ignore[arg-type]
 
     async def _run(
-        self, pieces: Sequence[_Piece], replies: list[Outcome | None], indexes: list[int]
+        self, pieces: Sequence[Piece], replies: list[Outcome | None], indexes: Sequence[int]
     ) -> None:
         """One store call for these pieces (all bound for one store)."""
-        store = self._store(pieces[indexes[0]].target)
+        target = pieces[indexes[0]].target
+        store = self.home if target == HOME else self.parts[target]
         outcomes = await store.execute([pieces[index].effect for index in indexes])
         for index, outcome in zip(indexes, outcomes, strict=True):
             replies[index] = outcome
 
     async def _run_side_by_side(
-        self, pieces: Sequence[_Piece], replies: list[Outcome | None], groups: list[list[int]]
+        self,
+        pieces: Sequence[Piece],
+        replies: list[Outcome | None],
+        groups: Sequence[Sequence[int]],
     ) -> None:
         """One call per group, concurrently; the first error is raised as it
         is (the core decides what a failed batch means; resends are safe)."""
@@ -204,7 +165,7 @@ class PartitionedStore:
             return
         errors: list[Exception] = []
 
-        async def run(indexes: list[int]) -> None:
+        async def run(indexes: Sequence[int]) -> None:
             try:
                 await self._run(pieces, replies, indexes)
             except Exception as error:
@@ -215,68 +176,6 @@ class PartitionedStore:
                 group.start_soon(run, indexes)
         if errors:
             raise errors[0]
-
-    def _store(self, target: int) -> StorageAdapter:
-        return self.home if target == HOME else self.parts[target]
-
-    def _split(self, delivery_id: str) -> tuple[int, str]:
-        return split_delivery_id(delivery_id, self.partitions)
-
-    def _route(self, index: int, effect: StoreEffect) -> list[_Piece]:
-        """The pieces of one effect, each bound for one store."""
-        if isinstance(effect, Claim):
-            by_part: dict[int, list[Any]] = {}
-            for item in effect.items:
-                part, entry = self._split(item.delivery_id)
-                by_part.setdefault(part, []).append(attrs.evolve(item, delivery_id=entry))
-            return [
-                _Piece(part, attrs.evolve(effect, items=tuple(items)), index, part)
-                for part, items in by_part.items()
-            ]
-        if isinstance(effect, RenewLeases):
-            ids: dict[int, list[str]] = {}
-            for delivery_id in effect.delivery_ids:
-                part, entry = self._split(delivery_id)
-                ids.setdefault(part, []).append(entry)
-            if not ids:
-                ids[0] = []
-            pieces = []
-            for n, (part, entries) in enumerate(ids.items()):
-                # (the scoped slots, in their own namespaces, ride with the first)
-                slots = effect.slots if n == 0 else ()
-                renewal = attrs.evolve(effect, delivery_ids=tuple(entries), slots=slots)
-                pieces.append(_Piece(part, renewal, index, part))
-            return pieces
-        if isinstance(effect, Schedule):
-            part = partition_of(effect.message.key, self.partitions)
-            if effect.acknowledge is not None:
-                acknowledged, entry = self._split(effect.acknowledge)
-                if acknowledged != part:
-                    raise ValueError(f"{effect!r} acknowledges a delivery of another partition")
-                effect = attrs.evolve(effect, acknowledge=entry)
-            return [_Piece(part, effect, index, part)]
-        if isinstance(effect, Cancel):
-            return [_Piece(partition_of(effect.key, self.partitions), effect, index, None)]
-        if isinstance(effect, Heartbeat):
-            # a worker leaving is forgotten as a consumer of every partition too
-            extra = range(len(self.parts)) if effect.leaving else ()
-            return [_Piece(target, effect, index, None) for target in (HOME, *extra)]
-        if isinstance(effect, BuryMalformed):
-            part, entry = self._split(effect.entry.delivery_id)
-            moved = attrs.evolve(effect, entry=attrs.evolve(effect.entry, delivery_id=entry))
-            return [_Piece(part, moved, index, part)]
-        named: str | None = getattr(effect, "delivery_id", None)
-        if named is not None:
-            # Finish, ConfirmSlot, Park, Admit, AcquireSlot; and TakeSlot, whose
-            # waiting docket is the delivery's partition (its parked keys live there)
-            part, entry = self._split(named)
-            changes: dict[str, Any] = {"delivery_id": entry}
-            if isinstance(effect, TakeSlot):
-                changes["docket"] = self.part_names[part]
-            evolved: StoreEffect = attrs.evolve(effect, **changes)  # type: ignore[misc]
-            return [_Piece(part, evolved, index, part)]
-        # Enlist, ReleaseSlot, WakeParked: their calls name their namespace
-        return [_Piece(ANY, effect, index, None)]
 
     # -- reads -----------------------------------------------------------------------
 
@@ -431,7 +330,7 @@ class PartitionedStore:
         by_part: dict[int, list[str]] = {}
         for entry_id in entry_ids:
             try:
-                part, entry = self._split(entry_id)
+                part, entry = split_delivery_id(entry_id, self.partitions)
             except ValueError:
                 continue  # names no partition: no such letter
             by_part.setdefault(part, []).append(entry)
@@ -448,62 +347,6 @@ class PartitionedStore:
             return sum(await self._each("drop_dead_letters", None))
         by_part = self._by_part(entry_ids)
         return sum([await self.parts[p].drop_dead_letters(ids) for p, ids in by_part.items()])
-
-
-def _settle_any(pieces: list[_Piece]) -> None:
-    """Give each piece that may run on any store the store of a neighbour
-    (so it rides in its round trip), or partition 0."""
-    targets = [p.target for p in pieces]
-    for index, piece in enumerate(pieces):
-        if piece.target != ANY:
-            continue
-        before = next((t for t in reversed(targets[:index]) if t >= 0), None)
-        after = next((t for t in targets[index + 1 :] if t >= 0), None)
-        target = before if before is not None else after if after is not None else 0
-        targets[index] = target
-        pieces[index] = attrs.evolve(piece, target=target)
-
-
-def _prefix(outcome: Outcome, partition: int) -> Outcome:
-    """``outcome`` with the delivery ids it names in partition ``partition``."""
-    if isinstance(outcome, Claimed):
-        return Claimed(verdicts=tuple((f"{partition}/{d}", v) for d, v in outcome.verdicts))
-    if isinstance(outcome, LeasesRenewed):
-        return attrs.evolve(outcome, lost=tuple(f"{partition}/{d}" for d in outcome.lost))
-    delivery_id = getattr(outcome, "delivery_id", None)
-    if isinstance(delivery_id, str):
-        return attrs.evolve(outcome, delivery_id=f"{partition}/{delivery_id}")  # type: ignore[misc]
-    return outcome
-
-
-def _merged(
-    effects: Sequence[StoreEffect], pieces: Sequence[_Piece], replies: Sequence[Outcome]
-) -> list[Outcome]:
-    """One outcome per effect, in order: split claims and renewals merged."""
-    gathered: list[list[Outcome]] = [[] for _ in effects]
-    for piece, reply in zip(pieces, replies, strict=True):
-        outcome = reply if piece.partition is None else _prefix(reply, piece.partition)
-        gathered[piece.origin].append(outcome)
-    outcomes: list[Outcome] = []
-    for effect, parts in zip(effects, gathered, strict=True):
-        if len(parts) == 1 or isinstance(effect, Heartbeat):
-            outcomes.append(parts[0])
-        elif isinstance(effect, Claim):
-            verdicts = dict(v for part in parts if isinstance(part, Claimed) for v in part.verdicts)
-            outcomes.append(
-                Claimed(
-                    verdicts=tuple((i.delivery_id, verdicts[i.delivery_id]) for i in effect.items)
-                )
-            )
-        else:
-            renewed = [part for part in parts if isinstance(part, LeasesRenewed)]
-            outcomes.append(
-                LeasesRenewed(
-                    lost=tuple(d for part in renewed for d in part.lost),
-                    lost_slots=tuple(s for part in renewed for s in part.lost_slots),
-                )
-            )
-    return outcomes
 
 
 __all__ = ["PartitionedStore"]

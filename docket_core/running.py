@@ -53,7 +53,6 @@ from .partition_parts import spanning_limits
 from .sansio.decisions import may_retry
 from .sansio.effects import CancelTask
 from .sansio.errors import UsageError
-from .sansio.flight import Count
 from .sansio.inputs import DeadlineExtended, TaskEnded, TaskOutcome
 from .sansio.values import Delivery, ExecutionState, TaskPolicy
 from .sansio.worker import WorkerMachine
@@ -64,8 +63,6 @@ if TYPE_CHECKING:
     from .worker import Worker
 
 __all__ = ["LOOPS", "Runner", "decode", "loop_options"]
-
-_RESCHEDULED = (Count.RETRIED, Count.PERPETUATED)
 
 #: one started delivery: its id, the function, the execution and the call's headers
 Job = tuple[str, Callable[..., Any], Execution, dict[str, str]]
@@ -325,11 +322,7 @@ class Runner:
                 failure = stop.result.exception()
                 result = dumps_value(failure, docket.signing)
         self.scopes.pop(delivery_id, None)
-        # (what the end line needs to know, counted only when a line is due)
-        counters = machine.counters
         logged = line is not None or failure is not None or cancelled
-        if logged:
-            rescheduled = counters[_RESCHEDULED[0]] + counters[_RESCHEDULED[1]]
         machine.receive(
             TaskEnded(
                 delivery_id=delivery_id,
@@ -348,7 +341,7 @@ class Runner:
                 self.log_extra,
                 punctuality,
                 duration,
-                rescheduled=counters[_RESCHEDULED[0]] + counters[_RESCHEDULED[1]] > rescheduled,
+                rescheduled=machine.rescheduled,
                 failure=failure,
                 interrupted=_interruption(stop) if cancelled and failure is None else None,
             )

@@ -309,6 +309,9 @@ class Worker:
         #: delivery id -> the function, the execution and the headers of its call
         self._calls: dict[str, tuple[Callable[..., Any], Execution, dict[str, str]]] = {}
         self._background: list[anyio.CancelScope] = []
+        #: set once the cancellations are listened to (or could not be): the
+        #: first read waits for it, so that no run starts deaf to its cancel
+        self._listening = anyio.Event()
         self._runner = Runner(
             self,
             machine,
@@ -376,6 +379,7 @@ class Worker:
         machine = self._machine
         assert machine is not None
         adapter = self.docket.adapter
+        await self._listening.wait()
         while True:
             while self._read is None:
                 await self._read_ready.wait()
@@ -427,10 +431,11 @@ class Worker:
                 self._stopping.set()
             self._rearm_timer()
             if pickup and not self._flushing:
-                # an idle worker's pickup: the claim goes out from here, not
-                # handed to the flusher behind whatever else runs first, and the
-                # next read waits for the start (its script would share the
-                # claim's round trip, and go out first)
+                # an idle worker's pickup: the claim goes out from here (a
+                # fresh delivery's run starting with it), not handed to the
+                # flusher behind whatever else runs first, and the next read
+                # waits for the start (its script would share the claim's
+                # round trip, and go out first)
                 await self._flush()
                 await anyio.lowlevel.checkpoint()  # (the run handed over starts)
                 if not machine.accepting:
@@ -588,6 +593,7 @@ class Worker:
         while True:
             try:
                 async with self.docket.adapter.cancellations() as keys:
+                    self._listening.set()
                     async for key, generation in keys:
                         machine.receive(
                             CancelRequested(key=key, now=time.time(), generation=generation)
@@ -596,6 +602,7 @@ class Worker:
             except StoreError as error:
                 # a missed cancellation costs nothing: runs check their key on claim
                 machine.counters[Count.STORE_ERRORS] += 1
+                self._listening.set()
                 logger.warning(
                     "cancellations unavailable (%s); listening again in %s",
                     error,

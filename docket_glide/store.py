@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeAlias
 
@@ -54,6 +54,7 @@ from .configuration import (
     Configuration,
     configuration_from_url,
 )
+from .native import NativeScripts
 
 __all__ = [
     "REQUEST_TIMEOUT_MS",
@@ -107,9 +108,15 @@ class InFlight:
         #: the turns of waiting requests, oldest first; a set event is a turn given
         self._waiting: deque[anyio.Event] = deque()
 
-    async def acquire(self) -> None:
+    def take(self) -> bool:
+        """Take a free turn now, if there is one and nobody waits for it."""
         if self._free > 0 and not self._waiting:
             self._free -= 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        if self.take():
             return
         turn = anyio.Event()
         self._waiting.append(turn)
@@ -286,6 +293,7 @@ class GlideStore(ScriptedStore):
         for reader in self._readers:
             await reader.close()
         self._readers.clear()
+        self._native = None
         if self._owned and self.client is not None:
             await self.client.close()
             self.client = None
@@ -320,7 +328,8 @@ class GlideStore(ScriptedStore):
         # the hot path (every add, every flush of a worker's effects): what
         # ``_request`` does, without a context manager's frames
         inflight = self._inflight or self._limiter()
-        await inflight.acquire()
+        if not inflight.take():
+            await inflight.acquire()
         try:
             client = self.client or await self._main()
             try:
@@ -340,12 +349,25 @@ class GlideStore(ScriptedStore):
 
     async def _run(self, client: Client, calls: Sequence[ScriptCall]) -> list[Any]:
         if len(calls) == 1:
-            call = calls[0]
-            script = _SCRIPTS[call.name]
-            return [await client.invoke_script(script, keys=call.keys, args=call.args)]  # type: ignore[arg-type]
+            return [await self._invoke(client, calls[0])]
         if isinstance(client, GlideClusterClient):
-            return await _run_on_cluster(client, calls)
+            return await _run_on_cluster(client, calls, self._invoke)
         return await self._batch(client, calls)
+
+    #: the native script calls of the main client (``native``), or ``None``
+    #: when its GLIDE is not the one they were written for; made on the
+    #: client's first script call
+    _native: tuple[Client, NativeScripts | None] | None = None
+
+    def _invoke(self, client: Client, call: ScriptCall) -> Awaitable[Any]:
+        """One script call: through ``NativeScripts`` when the client allows."""
+        native = self._native
+        if native is None or native[0] is not client:
+            native = self._native = (client, NativeScripts.for_client(client, _SCRIPTS))
+        if native[1] is not None:
+            return native[1].invoke(call)
+        script = _SCRIPTS[call.name]
+        return client.invoke_script(script, keys=list(call.keys), args=list(call.args))
 
     async def _batch(self, client: GlideClient, calls: Sequence[ScriptCall]) -> list[Any]:
         batch = Batch(is_atomic=False)
@@ -440,15 +462,17 @@ class GlideStore(ScriptedStore):
         return _Subscriber(await self._connect())
 
 
-async def _run_on_cluster(client: GlideClusterClient, calls: Sequence[ScriptCall]) -> list[Any]:
+async def _run_on_cluster(
+    client: GlideClusterClient,
+    calls: Sequence[ScriptCall],
+    invoke: Callable[[Client, ScriptCall], Awaitable[Any]],
+) -> list[Any]:
     """The calls on a cluster: a pipeline per same-slot group (one node
-    each), the groups in order."""
+    each), the groups in order; a group of one goes through ``invoke``."""
     replies: list[Any] = []
     for group in _same_slot_groups(calls):
         if len(group) == 1:
-            call = group[0]
-            script = _SCRIPTS[call.name]
-            replies.append(await client.invoke_script(script, keys=call.keys, args=call.args))  # type: ignore[arg-type]
+            replies.append(await invoke(client, group[0]))
             continue
         batch = ClusterBatch(is_atomic=False)
         for call in group:

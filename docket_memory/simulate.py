@@ -1,6 +1,7 @@
 """A deterministic simulator: the core and the memory store on a virtual clock.
 
-Random workloads (adds, replaces, cancels, retries, concurrency limits) run on
+Random workloads (adds, replaces, cancels, retries, concurrency limits, and
+keys without controls, whose fresh deliveries start with their claim) run on
 several simulated workers of two dockets, which share one scoped limit and
 each have limits of their own, while faults strike: worker crashes, effect batches
 lost with their worker, batches whose reply is lost (run by the store or not;
@@ -46,7 +47,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -89,6 +90,7 @@ from docket_core.sansio.inputs import (
     Tick,
 )
 from docket_core.sansio.lifecycle import Phase
+from docket_core.sansio.local_slots import SlotStep
 from docket_core.sansio.values import (
     ConcurrencyPolicy,
     Delivery,
@@ -132,6 +134,21 @@ ADMISSION: dict[int, tuple[Control, ...]] = {
 }
 
 
+#: key indices without admission controls or a limit (of both dockets): a
+#: fresh delivery of one starts with its claim, not after it (``lifecycle``)
+PLAIN = frozenset({12, 13, 14, 15})
+
+
+def releases(effects: Sequence[StoreEffect]) -> Iterator[ReleaseSlot]:
+    """The slot releases among ``effects``, the ones inside steps too (with
+    the step's request: a resend of the step is one of the release)."""
+    for effect in effects:
+        if isinstance(effect, ReleaseSlot):
+            yield effect
+        elif isinstance(effect, SlotStep) and effect.release is not None:
+            yield attrs.evolve(effect.release, request=effect.request)
+
+
 class InvariantViolated(AssertionError):
     pass
 
@@ -163,7 +180,7 @@ class SimWorker:
 
 class Simulation:
     def __init__(
-        self, seed: int, *, workers: int = 3, keys: int = 12, remember_outcomes: bool = True
+        self, seed: int, *, workers: int = 3, keys: int = 16, remember_outcomes: bool = True
     ) -> None:
         self.rng = random.Random(seed)
         self.now = 1_000_000.0
@@ -233,7 +250,7 @@ class Simulation:
         call) whose slots the call took away other than by their own release:
         known at once, even when a stale slot is taken over in the very call
         that first finds it stale."""
-        released = {e.holder for e in effects if isinstance(e, ReleaseSlot)}
+        released = {e.holder for e in releases(effects)}
         self.evicted |= before - released - self.slot_holders()
 
     @staticmethod
@@ -247,7 +264,7 @@ class Simulation:
         if policy is None:
             index = int(key.split("-")[1])
             limit = None
-            if index % 2 == 0:
+            if index % 2 == 0 and index not in PLAIN:
                 limit_key = LIMIT_OF.get(index, f"limit-{index % len(LIMITS)}")
                 limit = ConcurrencyPolicy(
                     limit_key=limit_key,
@@ -276,7 +293,11 @@ class Simulation:
                 return
             # the reply is lost: after the store ran the batch, or before
             # (most often for acquisitions: a lost "parked" is the costly case)
-            costly = any(isinstance(e, AcquireSlot | Admit | TakeSlot | Park) for e in store)
+            costly = any(
+                isinstance(e, AcquireSlot | Admit | TakeSlot | Park)
+                or (isinstance(e, SlotStep) and bool(e.takes))
+                for e in store
+            )
             odds = 0.25 if costly else 0.03
             reply_lost = self.faults and self.rng.random() < odds
             # or the worker dies after a step of a chain, before the next
@@ -286,9 +307,8 @@ class Simulation:
                 and self.rng.random() < CHAIN_CRASH_ODDS
             )
             if not reply_lost or chain_crash or self.rng.random() < 0.7:
-                for effect in store:
-                    if isinstance(effect, ReleaseSlot):
-                        self.check_release(worker, effect)
+                for release in releases(store):
+                    self.check_release(worker, release)
                 holders = self.slot_holders()
                 displaced = self.displaced(worker.docket)
                 outcomes = drive(self.stores[worker.docket].execute(store))
@@ -540,7 +560,7 @@ class Simulation:
                 if ident in running_generations:
                     raise InvariantViolated(f"{ident} runs on two live workers at once")
                 running_generations.add(ident)
-                if flight.phase is Phase.RUNNING:
+                if flight.phase is Phase.RUNNING or flight.phase is Phase.EARLY_RUNNING:
                     self.check_no_second_copy(worker.docket, message.key, message.generation)
                 limit = self.policy_for(message.key).concurrency
                 if limit is not None and flight.slot is not None:

@@ -17,15 +17,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from docket_core.adapter import Depths, ProgressEvent, ReadResult, StoreEvent
 from docket_core.lua.entries import parse_entry
-from docket_core.sansio.admission import Admit, Admitted, Verdict, settlement
-from docket_core.sansio.admission_state import (
-    Address,
-    State,
-    address,
-    admitted,
-    ask_of,
-    decide,
-)
+from docket_core.sansio.admission import Admit, Admitted, Verdict
 from docket_core.sansio.decisions import is_live
 from docket_core.sansio.effects import (
     AcquireSlot,
@@ -34,7 +26,6 @@ from docket_core.sansio.effects import (
     Claim,
     Finish,
     Heartbeat,
-    ReleaseSlot,
     RenewLeases,
     Request,
     Schedule,
@@ -52,10 +43,9 @@ from docket_core.sansio.inputs import (
     LeasesRenewed,
     Outcome,
     Scheduled,
-    SlotAcquired,
-    SlotReleased,
     SlotTaken,
 )
+from docket_core.sansio.local_slots import SlotStep
 from docket_core.sansio.strikes import StrikeInstruction, StrikeList
 from docket_core.sansio.values import (
     LIVE_STATES,
@@ -71,7 +61,7 @@ from docket_core.sansio.values import (
     WorkerRecord,
 )
 
-from . import scoped_chain
+from . import scoped_chain, slots
 from .shelf import Memo, Pool, Shelf
 
 _SHELVES: dict[tuple[str, str], Shelf] = {}
@@ -183,13 +173,8 @@ class MemoryStore:
             and not self._sender_holds(effect.request, effect.delivery_id)
         ):
             return Admitted(delivery_id=effect.delivery_id, verdict=Verdict.LOST)
-        if isinstance(effect, AcquireSlot) and isinstance(first, SlotAcquired) and first.acquired:
-            pool = shelf.pool(effect.scope)
-            slots = pool.slots.get(effect.limit_key)
-            if slots is None or effect.holder not in slots:
-                return SlotAcquired(delivery_id=effect.delivery_id, acquired=False, lost=True)
-            slots[effect.holder] = now
-            pool.restale(effect.limit_key)
+        if isinstance(effect, AcquireSlot | SlotStep):
+            return slots.replay(self, effect, first, now)
         if isinstance(effect, TakeSlot) and isinstance(first, SlotTaken):
             return scoped_chain.replay_take(shelf, effect, first)
         return first
@@ -198,6 +183,9 @@ class MemoryStore:
         step = scoped_chain.STEPS.get(type(effect))
         if step is not None:
             return step(self.shelf, effect)
+        handler = slots.HANDLERS.get(type(effect))
+        if handler is not None:
+            return handler(self, effect)
         name = _HANDLERS.get(type(effect))
         if name is None:
             raise TypeError(f"the memory store cannot carry out {effect!r}")
@@ -415,70 +403,6 @@ class MemoryStore:
                 lost_slots.append(slot.holder)
         return LeasesRenewed(lost=tuple(lost), lost_slots=tuple(lost_slots))
 
-    def _acquire(self, effect: AcquireSlot) -> SlotAcquired:
-        shelf = self.shelf
-        if not self._sender_holds(effect.request, effect.delivery_id):
-            return SlotAcquired(delivery_id=effect.delivery_id, acquired=False, lost=True)
-        pool = shelf.pool(effect.scope)
-        slots = pool.slots.setdefault(effect.limit_key, {})
-        acquired = True
-        if effect.holder not in slots and len(slots) >= effect.max_concurrent:
-            stale = [h for h, t in slots.items() if t <= effect.now - effect.stale_after]
-            if stale:
-                # the holder renewed longest ago, as the servers take it
-                del slots[min(stale, key=lambda h: (slots[h], h))]
-            else:
-                acquired = False
-        if acquired:
-            slots[effect.holder] = effect.now
-            pool.restale(effect.limit_key)
-        else:
-            shelf.held.pop(effect.delivery_id, None)
-            shelf.park(pool, effect.limit_key, effect.message, effect.now)
-        return SlotAcquired(delivery_id=effect.delivery_id, acquired=acquired)
-
-    def _admit(self, effect: Admit) -> Admitted:
-        """Judge a delivery against its admission controls of one namespace
-        (``admission_state.decide``) and store what the ruling changes; in the
-        docket's own (``Admit.settles``), only for a delivery its sender
-        holds, and settle a blocked one in the same step (``settlement``)."""
-        if effect.settles and not self._sender_holds(effect.request, effect.delivery_id):
-            return Admitted(delivery_id=effect.delivery_id, verdict=Verdict.LOST)
-        shelf = self.shelf
-        states: dict[Address, State] = {}
-        for control in effect.controls:
-            kept = shelf.pool(control.scope).admission.get((control.kind, control.key))
-            if kept is not None:
-                states[address(control)] = kept[1]
-        ruling, writes = decide(effect.controls, states, ask_of(effect))
-        for control in effect.controls:
-            where = address(control)
-            if where not in writes:
-                continue
-            table = shelf.pool(control.scope).admission
-            state = writes[where]
-            if state is None:
-                table.pop((control.kind, control.key), None)
-            else:
-                table[(control.kind, control.key)] = (control, state)
-        outcome = admitted(effect, ruling)
-        blocked = outcome.verdict is Verdict.DROP or outcome.verdict is Verdict.RESCHEDULE
-        if blocked and effect.settles:
-            self._carry_out(settlement(effect, outcome))
-        return outcome
-
-    def _release(self, effect: ReleaseSlot) -> SlotReleased:
-        pool = self.shelf.pool(effect.scope)
-        slots = None if effect.pass_on else pool.slots.get(effect.limit_key)
-        held = slots is not None and slots.pop(effect.holder, None) is not None
-        if slots is not None and not slots and not pool.waiters.get(effect.limit_key):
-            del pool.slots[effect.limit_key]
-        woken = pool.wake(effect.limit_key, effect.now) if held else 0
-        # no waiter of its own: the docket that waited longest through the chain
-        chain = effect.pass_on or (held and not woken)
-        wake = pool.next_waiting(effect.limit_key) if chain else None
-        return SlotReleased(limit_key=effect.limit_key, woken=woken, wake=wake)
-
     # -- reads ---------------------------------------------------------------
 
     async def read(
@@ -687,10 +611,7 @@ _HANDLERS: dict[type[StoreEffect], str] = {
     Claim: "_claim",
     Schedule: "_schedule",
     RenewLeases: "_renew",
-    AcquireSlot: "_acquire",
-    ReleaseSlot: "_release",
     Cancel: "_cancel",
     Heartbeat: "_heartbeat",
     BuryMalformed: "_bury",
-    Admit: "_admit",
 }

@@ -61,21 +61,35 @@ MOVE_PATIENCE = 2.0
 SUBSCRIBE_TIMEOUT = 10.0
 
 
-@contextmanager
-def _store_errors(what: str = "a command") -> Iterator[None]:
+#: the errors ``_store_error`` translates
+_TRANSLATED = (
+    *_FAILURES,
+    *_CLUSTER_IN_MOTION,
+    redis_errors.ResponseError,
+    redis_errors.RedisClusterException,
+)
+
+
+def _store_error(error: Exception, what: str) -> StoreError:
     """A lost connection, a "not now" reply (loading, failover) or a cluster
     in motion is ``StoreUnavailable``; any other error is ``StoreError``."""
+    if isinstance(error, _FAILURES):
+        return StoreUnavailable(f"Redis unavailable: {error}")
+    if isinstance(error, _CLUSTER_IN_MOTION):
+        return StoreUnavailable(f"the Redis cluster is changing: {error}")
+    if isinstance(error, redis_errors.ResponseError):
+        return reply_error(str(error), what, "Redis")
+    # a client-side refusal (a command across slots, no node for a command)
+    return StoreError(f"redis-py refused {what}: {error}")
+
+
+@contextmanager
+def _store_errors(what: str = "a command") -> Iterator[None]:
+    """``_store_error`` for the errors of the block."""
     try:
         yield
-    except _FAILURES as error:
-        raise StoreUnavailable(f"Redis unavailable: {error}") from error
-    except _CLUSTER_IN_MOTION as error:
-        raise StoreUnavailable(f"the Redis cluster is changing: {error}") from error
-    except redis_errors.ResponseError as error:
-        raise reply_error(str(error), what, "Redis") from error
-    except redis_errors.RedisClusterException as error:
-        # a client-side refusal (a command across slots, no node for a command)
-        raise StoreError(f"redis-py refused {what}: {error}") from error
+    except _TRANSLATED as error:
+        raise _store_error(error, what) from error
 
 
 def _may_write(call: ScriptCall) -> bool:
@@ -212,6 +226,8 @@ class RedisStore(ScriptedStore):
 
     async def close(self) -> None:
         await self.close_listeners()
+        while self._readers:  # (held by no read now: back to the pool)
+            await self._pool().release(self._readers.pop())
         if self._owned:
             await self.client.aclose()
             if self._sentinel:  # and its connections to the sentinels
@@ -230,26 +246,37 @@ class RedisStore(ScriptedStore):
     # -- primitives ---------------------------------------------------------------
 
     async def run_calls(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        async with self._turn():
+        # the hot path (every add, every flush of a worker's effects): no
+        # context manager's frames when there are no turns to take
+        if self._commands is None:
+            return await self._run_calls(calls)
+        async with self._commands:
+            return await self._run_calls(calls)
+
+    async def _run_calls(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        try:
             try:
-                with _store_errors("a docket script"):
-                    try:
-                        return await self._evalsha(calls)
-                    except redis_errors.ResponseError as error:
-                        # (NoScriptError, or a NOSCRIPT reply inside a pipeline)
-                        noscript = isinstance(error, redis_errors.NoScriptError)
-                        if not noscript and "noscript" not in str(error).lower():
-                            raise
-                        # the server lost its scripts (a restart, a new primary, a
-                        # slot moved to a node that never ran them): load them (on
-                        # every primary of a cluster), try again; calls of the
-                        # batch that ran answer a resend with their outcome
-                        await self._load_scripts()
-                        return await self._evalsha(calls)
-            except StoreUnavailable:
-                if self._sentinel or self.wait_replicas:
-                    await self._forget_primary()
-                raise
+                return await self._evalsha(calls)
+            except redis_errors.ResponseError as error:
+                # (NoScriptError, or a NOSCRIPT reply inside a pipeline)
+                noscript = isinstance(error, redis_errors.NoScriptError)
+                if not noscript and "noscript" not in str(error).lower():
+                    raise
+                # the server lost its scripts (a restart, a new primary, a
+                # slot moved to a node that never ran them): load them (on
+                # every primary of a cluster), try again; calls of the
+                # batch that ran answer a resend with their outcome
+                await self._load_scripts()
+                return await self._evalsha(calls)
+        except StoreUnavailable:  # (too few replicas acknowledged a write)
+            if self._sentinel or self.wait_replicas:
+                await self._forget_primary()
+            raise
+        except _TRANSLATED as error:
+            failure = _store_error(error, "a docket script")
+            if isinstance(failure, StoreUnavailable) and (self._sentinel or self.wait_replicas):
+                await self._forget_primary()
+            raise failure from error
 
     async def _evalsha(self, calls: Sequence[ScriptCall]) -> list[Any]:
         if self._cluster is not None:
@@ -257,8 +284,9 @@ class RedisStore(ScriptedStore):
         wait = self.wait_replicas > 0 and any(_may_write(call) for call in calls)
         if len(calls) == 1 and not wait:
             call = calls[0]
-            reply: Any = await self.client.evalsha(
-                _SHAS[call.name], len(call.keys), *call.keys, *call.args
+            # (what ``evalsha`` sends, without its two frames)
+            reply: Any = await self.client.execute_command(
+                "EVALSHA", _SHAS[call.name], len(call.keys), *call.keys, *call.args
             )
             return [reply]
         pipe = self.client.pipeline(transaction=False)
@@ -308,9 +336,20 @@ class RedisStore(ScriptedStore):
         for source in SCRIPTS.values():
             await self.client.script_load(source)
 
+    #: the idle connections of blocking reads (one server, or a sentinel's
+    #: primary): a read takes one of its own, as GLIDE's readers do, and
+    #: gets the server's reply as it is (no pool turn, no reply conversion)
+    _readers: list[Any] | None = None
+
+    def _pool(self) -> Any:
+        assert self._cluster is None
+        return self.client.connection_pool  # type: ignore[union-attr]
+
     async def read_blocking(
         self, worker: str, count: int, block_ms: int
     ) -> dict[str, list[tuple[Any, list[Any]]]] | None:
+        if self._cluster is None:
+            return await self._read_on_own_connection(worker, count, block_ms)
         layout = self.layout
 
         async def xreadgroup() -> Any:
@@ -340,6 +379,44 @@ class RedisStore(ScriptedStore):
                     flat += [field, value]
                 entries.append((entry_id, flat))
         return read
+
+    async def _read_on_own_connection(
+        self, worker: str, count: int, block_ms: int
+    ) -> dict[str, list[tuple[Any, list[Any]]]] | None:
+        layout = self.layout
+        readers = self._readers
+        if readers is None:
+            readers = self._readers = []
+        if readers:
+            reader = readers.pop()
+        else:
+            with _store_errors("XREADGROUP"):
+                reader = await self._pool().get_connection()
+        try:
+            with _store_errors("XREADGROUP"):
+                try:
+                    await reader.send_command(
+                        "XREADGROUP", "GROUP", GROUP, worker, "COUNT", count, "BLOCK", block_ms,
+                        "STREAMS", layout.stream, layout.wake_stream, ">", ">",
+                    )  # fmt: skip
+                    reply = await reader.read_response()
+                except redis_errors.ResponseError as error:
+                    readers.append(reader)  # (an error reply: the connection is sound)
+                    if "NOGROUP" in str(error):
+                        return None  # the next read script creates the group
+                    raise
+        except BaseException:
+            if reader not in readers:
+                # cancelled mid-read, or the connection failed: a reply may still
+                # come on it, so it goes back to the pool closed
+                with anyio.CancelScope(shield=True):
+                    await reader.disconnect(nowait=True)
+                    await self._pool().release(reader)
+            raise
+        readers.append(reader)
+        # RESP2: [[stream, [[id, [f, v, ...]], ...]], ...]; RESP3: a map; None: timed out
+        streams = reply.items() if isinstance(reply, dict) else (reply or ())
+        return {text(stream): [(e[0], e[1]) for e in entries] for stream, entries in streams}
 
     async def acknowledge(self, stream: str, ids: Sequence[str]) -> None:
         async with self._turn():
@@ -454,6 +531,6 @@ class _Subscriber:
 
     async def aclose(self) -> None:
         try:
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
         except Exception:
             pass

@@ -304,7 +304,7 @@ def _sentinel(url: str) -> Client:
     if unknown:
         raise UsageError(unknown)
     size, commands = _pool_size(options)
-    sentinel = Sentinel(list(nodes.hosts), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(list(nodes.hosts), sentinel_kwargs=sentinel_options)  # type: ignore[no-untyped-call, unused-ignore]
     client: aioredis.Redis = sentinel.master_for(
         service,
         db=db or 0,

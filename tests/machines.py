@@ -25,6 +25,7 @@ from docket_core.sansio.inputs import (
     TaskEnded,
     TaskOutcome,
 )
+from docket_core.sansio.local_slots import TAKE_ACQUIRED, SlotStep, SlotStepped
 from docket_core.sansio.values import (
     ConcurrencyPolicy,
     Delivery,
@@ -124,3 +125,24 @@ def recorded(machine: WorkerMachine, effect: Effect, now: float = 0.0) -> list[E
             key=effect.message.key, accepted=True, generation=2, state=ExecutionState.SCHEDULED
         )
     return reply(machine, effect, outcome, now)
+
+
+def stepped(step: Effect, *answers: int, wake: str | None = None) -> SlotStepped:
+    """The store's answer to a ``SlotStep``: its finish recorded, its release
+    handing on to ``wake`` (a docket) or to nobody, each take answered as
+    ``answers`` says (``TAKE_ACQUIRED`` for those it does not name)."""
+    assert isinstance(step, SlotStep)
+    takes = tuple(answers) + (TAKE_ACQUIRED,) * (len(step.takes) - len(answers))
+    return SlotStepped(
+        recorded=None if step.finish is None else True,
+        woken=0,
+        wake=wake if step.release is not None else None,
+        takes=takes,
+    )
+
+
+def start_limited(machine: WorkerMachine, a: Arrival, now: float = 0.0) -> list[Effect]:
+    """Deliver ``a`` (a task with a limit of the docket's own) and answer its
+    step with a slot; returns the effects after (its ``StartTask``)."""
+    (step,) = deliver(machine, a, now=now)
+    return reply(machine, step, stepped(step), now)

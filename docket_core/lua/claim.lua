@@ -22,11 +22,17 @@ if first then
   end
   return first
 end
-local verdicts = {}
+-- which deliveries the worker holds, read at once; their leases are renewed
+-- (XCLAIM) and the others acknowledged at the end, each in one command (a
+-- delivery acknowledged earlier in the call is no longer held)
+local ids = {}
+for i = 7, #ARGV, 3 do ids[#ids + 1] = ARGV[i] end
+local held = held_by(worker, ids)
+local verdicts, claimed, acked, gone = {}, {}, {}, {}
 for i = 7, #ARGV, 3 do
   local id, key, gen = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local verdict
-  if holder_of(id) ~= worker then
+  if gone[id] or not (held[id] or holder_of(id) == worker) then
     verdict = 'lost'
   else
     local run = run_key(key)
@@ -44,18 +50,20 @@ for i = 7, #ARGV, 3 do
       verdict = 'claimed'
     end
     if verdict == 'claimed' then
-      redis.call('XCLAIM', Q, GROUP, worker, 0, id, 'JUSTID')
-      redis.call('HSET', run, 'state', 'running', 'worker', worker, 'started', now)
-      redis.call('HDEL', run, 'sid')
-      redis.call('DEL', prog_key(key))
-      -- 100: DEFAULT_PROGRESS_TOTAL (docket_core/sansio/values.py)
-      redis.call('HSET', prog_key(key), 'current', 0, 'total', 100)
-      publish(key, {type = 'state', state = 'running', worker = worker,
-                    started_at = tonumber(now)})
-    else
-      acknowledge(id)
+      claimed[#claimed + 1] = id
+      mark_running(run, key, worker, now)
+    elseif id ~= '' then
+      acked[#acked + 1] = id
+      gone[id] = true
     end
   end
   verdicts[#verdicts + 1] = verdict
 end
+for i = 1, #claimed, 1000 do
+  local renew = {Q, GROUP, worker, 0}
+  for j = i, math.min(i + 999, #claimed) do renew[#renew + 1] = claimed[j] end
+  renew[#renew + 1] = 'JUSTID'
+  redis.call('XCLAIM', unpack(renew))
+end
+acknowledge_all(acked)
 return remember(seq, verdicts)

@@ -1,38 +1,58 @@
 -- Finish: ARGV = prefix, group, memo header, then the fields of one or more
--- deliveries packed into one argument (unpack_fields), 10 a delivery: id,
+-- deliveries packed into one argument (unpack_batch), 10 a delivery: id,
 -- key, generation, state, now, ttl, error, has_result, result, request
 -- number.  A flush's consecutive finishes go in one call.  For each:
 -- acknowledges the delivery; records the outcome only if the generation is
--- still current.  Nothing changes while another worker holds the delivery.  Returns one 1 (recorded) or 0 per delivery; a resend
--- answers its first outcome and does nothing.
+-- still current.  Nothing changes while another worker holds the delivery.
+-- Returns one 1 (recorded) or 0 per delivery; a resend answers its first
+-- outcome and does nothing.  The batch reads its outcomes, which deliveries
+-- the sender holds, and acknowledges, each in one command (a delivery
+-- finished twice in one call is acknowledged once: the second sees it held,
+-- as the first left it, and answers as it would have)
+local items = unpack_batch(ARGV[4], 10)
+open_memo(ARGV[3])
+local ids, seqs = {}, {}
+for i, item in ipairs(items) do
+  ids[i], seqs[i] = item[1], item[10]
+end
+local firsts = recall_all(seqs)
+local held = WORKER and held_by(WORKER, ids) or {}
+local done = {}
 local function finish(id, key, gen, state, now, ttl, err, has_result, result)
   -- a worker whose lease lapsed and was taken over leaves the run to the taker
-  if taken_over(id) then return 0 end
-  acknowledge(id)
+  if WORKER and not held[id] then
+    local holder = holder_of(id)
+    if holder and holder ~= WORKER then return 0 end
+  end
+  if id ~= '' then done[#done + 1] = id end
   local run = run_key(key)
   if tonumber(redis.call('HGET', run, 'g') or '-1') ~= gen then return 0 end
-  redis.call('HSET', run, 'state', state, 'completed', now)
-  redis.call('HDEL', run, 'cancel')
+  local fields = {'state', state, 'completed', now}
   local event = {type = 'state', state = state, completed_at = tonumber(now)}
   if err ~= '' then
-    redis.call('HSET', run, 'error', err)
+    fields[5], fields[6] = 'error', err
     event['error'] = err
   end
-  if has_result == '1' then redis.call('HSET', run, 'result', result) end
-  conclude(key, ttl)
+  if has_result == '1' then
+    fields[#fields + 1] = 'result'
+    fields[#fields + 1] = result
+  end
+  redis.call('HSET', run, unpack(fields))
+  conclude(key, ttl, 'cancel')
   publish(key, event)
   return 1
 end
-local f = unpack_fields(ARGV[4])
-if #f % 10 ~= 0 then error('docket: finish takes 10 fields a delivery') end
-open_memo(ARGV[3])
 local recorded = {}
-for i = 1, #f, 10 do
-  local first = recall(f[i + 9])
-  if not first then
-    first = remember(f[i + 9], finish(f[i], f[i + 1], tonumber(f[i + 2]), f[i + 3], f[i + 4],
-                                      f[i + 5], f[i + 6], f[i + 7], f[i + 8]))
+for i, f in ipairs(items) do
+  local seq = f[10]
+  local first = firsts[seq]
+  if first == nil then
+    first = remember_later(seq, finish(f[1], f[2], tonumber(f[3]), f[4], f[5], f[6], f[7],
+                                       f[8], f[9]))
+    if MEMO and seq ~= '' then firsts[seq] = first end
   end
-  recorded[#recorded + 1] = first
+  recorded[i] = first
 end
+acknowledge_all(done)
+remember_all()
 return recorded

@@ -27,6 +27,21 @@ local function unpack_fields(blob)
   end
   return out
 end
+-- the items of a hot batch (finish, schedule), `per` fields an item, sent
+-- as one argument in the faster form (protocol.pack_batch): each field its
+-- length (4 bytes, little-endian) then its bytes, read by one struct.unpack
+-- an item.  Returns the list of items, each the list of its fields; a
+-- malformed batch is an error (before the caller's first write)
+local function unpack_batch(blob, per)
+  local format, items, position, size = '<' .. string.rep('I4c0', per), {}, 1, #blob
+  while position <= size do
+    local item = {struct.unpack(format, blob, position)}
+    position = item[per + 1]
+    item[per + 1] = nil
+    items[#items + 1] = item
+  end
+  return items
+end
 
 -- Outcomes kept for resends (docket_core.sansio.effects.Request).  A script
 -- that remembers takes ARGV[3] = floor, remember_ms, worker and origin packed
@@ -73,6 +88,41 @@ local function remember(seq, outcome)
   if MEMO and seq ~= '' then redis.call('HSET', MEMO, seq, cjson.encode(outcome)) end
   return outcome
 end
+-- A batch reads and writes its outcomes in one command each: recall_all
+-- answers seq -> first outcome for the numbers of `seqs` remembered before
+-- (the batch adds each outcome it decides, so a number it holds twice is
+-- decided once), remember_later queues what remember writes, and
+-- remember_all writes the queue
+local function recall_all(seqs)
+  local found, asked = {}, {}
+  if not MEMO then return found end
+  for _, seq in ipairs(seqs) do
+    if seq ~= '' then asked[#asked + 1] = seq end
+  end
+  for i = 1, #asked, 1000 do
+    local last = math.min(i + 999, #asked)
+    local firsts = redis.call('HMGET', MEMO, unpack(asked, i, last))
+    for j = i, last do
+      local first = firsts[j - i + 1]
+      if first then found[asked[j]] = cjson.decode(first) end
+    end
+  end
+  return found
+end
+local LATER = {}
+local function remember_later(seq, outcome)
+  if MEMO and seq ~= '' then
+    LATER[#LATER + 1] = seq
+    LATER[#LATER + 1] = cjson.encode(outcome)
+  end
+  return outcome
+end
+local function remember_all()
+  for i = 1, #LATER, 1000 do
+    redis.call('HSET', MEMO, unpack(LATER, i, math.min(i + 999, #LATER)))
+  end
+  LATER = {}
+end
 
 local function run_key(key) return P .. ':run:' .. key end
 local function msg_key(key) return P .. ':msg:' .. key end
@@ -114,7 +164,15 @@ end
 -- namespace only in P:waiters (its S:wait is another slot's key)
 local function unpark(key, run, limit, S)
   S = S or P
-  if S == P then redis.call('LREM', wait_key(P, limit), 0, waiter(P, key)) end
+  if S == P then
+    redis.call('LREM', wait_key(P, limit), 0, waiter(P, key))
+    if redis.call('EXISTS', wait_key(P, limit)) == 0 then
+      -- its last waiter: the limit leaves the index of waiting limits (a
+      -- release with nobody waiting does not look there)
+      redis.call('ZREM', P .. ':stale', limit)
+      redis.call('HDEL', P .. ':woken', limit)
+    end
+  end
   redis.call('ZREM', waiters_key(S, limit), key)
   redis.call('HDEL', run, 'parked', 'pin')
   redis.call('SREM', P .. ':parked', key)
@@ -137,8 +195,10 @@ end
 
 -- queue a message now: XADD it and remember its entry id on the record.  A
 -- field missing (a hash that was not ours) is left out, never an error after
--- the caller's first write: the worker that reads the entry sets it aside
-local function enqueue(key, fn, payload, when, attempt, gen)
+-- the caller's first write: the worker that reads the entry sets it aside.
+-- `also` (optional): more fields and values for the record, written with
+-- its state in one command
+local function enqueue(key, fn, payload, when, attempt, gen, also)
   local sid
   if fn and payload and when and attempt and gen then
     sid = redis.call('XADD', Q, '*', 'k', key, 'f', fn, 'p', payload,
@@ -153,7 +213,15 @@ local function enqueue(key, fn, payload, when, attempt, gen)
     end
     sid = redis.call('XADD', Q, '*', unpack(fields))
   end
-  redis.call('HSET', run_key(key), 'state', 'queued', 'sid', sid)
+  if also then
+    also[#also + 1] = 'state'
+    also[#also + 1] = 'queued'
+    also[#also + 1] = 'sid'
+    also[#also + 1] = sid
+    redis.call('HSET', run_key(key), unpack(also))
+  else
+    redis.call('HSET', run_key(key), 'state', 'queued', 'sid', sid)
+  end
   publish(key, {type = 'state', state = 'queued', when = tonumber(when or '')})
   return sid
 end
@@ -164,6 +232,42 @@ local function holder_of(id)
   local ok, pending = pcall(redis.call, 'XPENDING', Q, GROUP, id, id, 1)
   if ok and pending[1] then return pending[1][2] end
   return false
+end
+-- the ids of `ids` that consumer `worker` holds, as a set, from one read of
+-- its deliveries between the lowest and the highest of them.  One it holds
+-- may be missing (a read of at most #ids + 100 entries did not reach it, or
+-- an id is malformed): callers ask holder_of about the ids the set lacks
+local function held_by(worker, ids)
+  local held, low, high, lows, highs = {}, nil, nil, nil, nil
+  for _, id in ipairs(ids) do
+    local dash = string.find(id, '-', 1, true)
+    local ms = dash and tonumber(string.sub(id, 1, dash - 1))
+    local seq = dash and tonumber(string.sub(id, dash + 1))
+    if ms and seq then
+      if not low or ms < low[1] or (ms == low[1] and seq < low[2]) then low, lows = {ms, seq}, id end
+      if not high or ms > high[1] or (ms == high[1] and seq > high[2]) then
+        high, highs = {ms, seq}, id
+      end
+    end
+  end
+  if not low then return held end
+  local ok, pending = pcall(redis.call, 'XPENDING', Q, GROUP, lows, highs, #ids + 100, worker)
+  if ok then
+    for _, entry in ipairs(pending) do held[entry[1]] = true end
+  end
+  return held
+end
+
+-- a claimed delivery's record: running on `worker` since `now`, its
+-- progress reset, and the state published (claim.lua, step.lua)
+local function mark_running(run, key, worker, now)
+  redis.call('HSET', run, 'state', 'running', 'worker', worker, 'started', now)
+  redis.call('HDEL', run, 'sid')
+  redis.call('DEL', prog_key(key))
+  -- 100: DEFAULT_PROGRESS_TOTAL (docket_core/sansio/values.py)
+  redis.call('HSET', prog_key(key), 'current', 0, 'total', 100)
+  publish(key, {type = 'state', state = 'running', worker = worker,
+                started_at = tonumber(now)})
 end
 
 -- remove the key's scheduled or queued (not yet delivered) message
@@ -188,6 +292,15 @@ local function acknowledge(id)
     redis.call('XDEL', Q, id)
   end
 end
+-- acknowledge several deliveries, a thousand a command (an XDEL of the
+-- stream's first entry looks for the next one: once a command, not an id)
+local function acknowledge_all(ids)
+  for i = 1, #ids, 1000 do
+    local last = math.min(i + 999, #ids)
+    redis.call('XACK', Q, GROUP, unpack(ids, i, last))
+    redis.call('XDEL', Q, unpack(ids, i, last))
+  end
+end
 
 -- whether another worker than the sender (WORKER) holds the delivery now:
 -- its lease lapsed and was taken over, and the taker's run decides
@@ -198,12 +311,13 @@ local function taken_over(id)
 end
 
 -- an ended record: its progress goes, and the scoped slot its run held
--- (ConfirmSlot's 'slot' and 'pin'); the record lives ttl seconds more
-local function conclude(key, ttl)
+-- (ConfirmSlot's 'slot' and 'pin'); the record lives ttl seconds more.
+-- `forget` (optional): one more field of the record to remove with those
+local function conclude(key, ttl, forget)
   local run = run_key(key)
   redis.call('DEL', prog_key(key))
   if tonumber(ttl) > 0 then
-    redis.call('HDEL', run, 'slot', 'pin')
+    redis.call('HDEL', run, 'slot', 'pin', forget or 'slot')
     redis.call('PEXPIRE', run, math.floor(tonumber(ttl) * 1000))
   else
     redis.call('DEL', run)
@@ -228,14 +342,14 @@ local function cancel_key(key, now, ttl, state, err)
   unqueue(key)
   local run = run_key(key)
   local gen = next_generation()
-  redis.call('HSET', run, 'g', gen, 'state', state, 'completed', now)
-  redis.call('HDEL', run, 'cancel')
   local event = {type = 'state', state = state, completed_at = tonumber(now)}
   if err and err ~= '' then
-    redis.call('HSET', run, 'error', err)
+    redis.call('HSET', run, 'g', gen, 'state', state, 'completed', now, 'error', err)
     event['error'] = err
+  else
+    redis.call('HSET', run, 'g', gen, 'state', state, 'completed', now)
   end
-  conclude(key, ttl)
+  conclude(key, ttl, 'cancel')
   publish(key, event)
   return gen
 end

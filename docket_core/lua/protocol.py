@@ -8,6 +8,7 @@ the shapes both clients return (bytes, ints, lists, ``None``).
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,11 +52,13 @@ from ..sansio.inputs import (
     SlotTaken,
     WokeParked,
 )
+from ..sansio.local_slots import SlotStep
 from ..sansio.values import (
     ExecutionState,
 )
 from .admission import admit_fields, admit_layout, admitted_from_reply
 from .entries import pack, text
+from .slot_steps import step_fields, stepped_from_reply
 
 GROUP = "docket-workers"
 #: how long a worker's task list outlives its last heartbeat
@@ -185,6 +188,33 @@ def request_seq(effect: StoreEffect) -> bytes:
 # -- effects to calls ---------------------------------------------------------
 
 
+#: a field's length as ``pack_batch`` writes it
+_LENGTH = struct.Struct("<I").pack
+_TEN_ITEMS = b"%b%b" * 10
+
+
+def pack_batch(fields: Sequence[bytes]) -> bytes:
+    """Fields as a hot batch's items carry them (``unpack_batch`` in the
+    scripts): each its length (4 bytes, little-endian), then its bytes.  The
+    server reads an item with one ``struct.unpack``, four times faster than
+    ``pack``'s ``<length>:<bytes>``."""
+    return b"".join([part for field in fields for part in (_LENGTH(len(field)), field)])
+
+
+def unpack_batch(blob: bytes) -> list[bytes]:
+    """The inverse of ``pack_batch``; stops at the first field cut short."""
+    out: list[bytes] = []
+    position = 0
+    while position + 4 <= len(blob):
+        (length,) = struct.unpack_from("<I", blob, position)
+        start = position + 4
+        if start + length > len(blob):
+            break
+        out.append(blob[start : start + length])
+        position = start + length
+    return out
+
+
 _TEN_FIELDS = b"%d:%b" * 10
 
 
@@ -203,45 +233,46 @@ def pack_fields(
 
 
 def finish_fields(layout: Layout, effect: StoreEffect) -> bytes:
-    """One delivery's fields for the ``finish`` script."""
+    """One delivery's fields for the ``finish`` script (``pack_batch``'s form)."""
     assert isinstance(effect, Finish)
-    return pack_fields(
-        effect.delivery_id.encode(),
-        effect.key.encode(),
-        b"%d" % effect.generation,
-        effect.state.value.encode(),
-        number_bytes(effect.now),
-        number_bytes(effect.ttl),
-        (effect.error or "").encode(),
-        b"0" if effect.result is None else b"1",
-        effect.result or b"",
-        request_seq(effect),
-    )
-
-
-_TWELVE_FIELDS = b"%d:%b" * 12
+    f0 = effect.delivery_id.encode()
+    f1 = effect.key.encode()
+    f2 = b"%d" % effect.generation
+    f3 = effect.state.value.encode()
+    f4 = number_bytes(effect.now)
+    f5 = number_bytes(effect.ttl)
+    f6 = (effect.error or "").encode()
+    f7 = b"0" if effect.result is None else b"1"
+    f8 = effect.result or b""
+    f9 = request_seq(effect)
+    return _TEN_ITEMS % (
+        _LENGTH(len(f0)), f0, _LENGTH(len(f1)), f1, _LENGTH(len(f2)), f2,
+        _LENGTH(len(f3)), f3, _LENGTH(len(f4)), f4, _LENGTH(len(f5)), f5,
+        _LENGTH(len(f6)), f6, _LENGTH(len(f7)), f7, _LENGTH(len(f8)), f8,
+        _LENGTH(len(f9)), f9,
+    )  # fmt: skip
 
 
 def schedule_fields(layout: Layout, effect: StoreEffect) -> bytes:
-    """One message's 12 fields for the ``schedule`` script (``pack_fields``'
-    encoding)."""
+    """One message's 12 fields for the ``schedule`` script (``pack_batch``'s form)."""
     assert isinstance(effect, Schedule)
     m = effect.message
-    fields = (
-        m.key.encode(),
-        m.function.encode(),
-        m.payload,
-        number_bytes(m.when),
-        b"%d" % m.attempt,
-        effect.mode.value.encode(),
-        number_bytes(effect.now),
-        (effect.acknowledge or "").encode(),
-        b"" if effect.expect_generation is None else b"%d" % effect.expect_generation,
-        b"" if effect.ended is None else effect.ended.value.encode(),
-        (effect.ended_error or "").encode(),
-        request_seq(effect),
+    return pack_batch(
+        (
+            m.key.encode(),
+            m.function.encode(),
+            m.payload,
+            number_bytes(m.when),
+            b"%d" % m.attempt,
+            effect.mode.value.encode(),
+            number_bytes(effect.now),
+            (effect.acknowledge or "").encode(),
+            b"" if effect.expect_generation is None else b"%d" % effect.expect_generation,
+            b"" if effect.ended is None else effect.ended.value.encode(),
+            (effect.ended_error or "").encode(),
+            request_seq(effect),
+        )
     )
-    return _TWELVE_FIELDS % tuple(x for field in fields for x in (len(field), field))
 
 
 def acquire_fields(layout: Layout, effect: StoreEffect) -> bytes:
@@ -328,6 +359,7 @@ BATCHED: dict[type[StoreEffect], tuple[str, Callable[[Layout, StoreEffect], byte
     TakeSlot: ("take", take_fields),
     ConfirmSlot: ("confirm", confirm_fields),
     Park: ("park", park_fields),
+    SlotStep: ("step", step_fields),
 }
 
 
@@ -585,6 +617,9 @@ def outcome_for(effect: StoreEffect, reply: Any) -> Outcome:
         if kind is Admit:
             assert isinstance(effect, Admit)
             return admitted_from_reply(effect, reply)
+        if kind is SlotStep:
+            assert isinstance(effect, SlotStep)
+            return stepped_from_reply(effect, reply)
         if kind is ReleaseSlot:
             assert isinstance(effect, ReleaseSlot)
             woken, wake = reply

@@ -1,5 +1,5 @@
 -- Schedule: ARGV = prefix, group, memo header, then the fields of one or
--- more messages packed into one argument (unpack_fields), 12 a message: key,
+-- more messages packed into one argument (unpack_batch), 12 a message: key,
 -- function, payload, when, attempt, mode, now, acknowledge,
 -- expect_generation, ended, ended_error, request number.  ended (a state,
 -- or '') is how the run this message follows ended (a perpetual task's):
@@ -47,30 +47,37 @@ local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect,
   -- (progress reported for a key without a record is dropped too)
   redis.call('DEL', prog_key(key))
   gen = next_generation()
-  redis.call('HSET', run, 'f', fn, 'p', payload, 'w', when, 'a', attempt, 'g', gen)
   if tonumber(when) <= tonumber(now) then
-    enqueue(key, fn, payload, when, attempt, gen)
+    -- (the record's message and its state in one command)
+    enqueue(key, fn, payload, when, attempt, gen,
+            {'f', fn, 'p', payload, 'w', when, 'a', attempt, 'g', gen})
     return {1, tostring(gen), 'queued'}
   end
   redis.call('HSET', msg_key(key), 'k', key, 'f', fn, 'p', payload, 'w', when,
              'a', attempt, 'g', gen)
   if not before then before = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES') end
   redis.call('ZADD', DUE, when, key)
-  redis.call('HSET', run, 'state', 'scheduled')
+  redis.call('HSET', run, 'f', fn, 'p', payload, 'w', when, 'a', attempt, 'g', gen,
+             'state', 'scheduled')
   publish(key, {type = 'state', state = 'scheduled', when = tonumber(when)})
   return {1, tostring(gen), 'scheduled'}
 end
-local f = unpack_fields(ARGV[4])
-if #f % 12 ~= 0 then error('docket: schedule takes 12 fields a message') end
+local items = unpack_batch(ARGV[4], 12)
 open_memo(ARGV[3])
-for i = 1, #f, 12 do
-  local first = recall(f[i + 11])
-  if not first then
-    first = remember(f[i + 11], schedule(f[i], f[i + 1], f[i + 2], f[i + 3], f[i + 4], f[i + 5],
-                                         f[i + 6], f[i + 7], f[i + 8], f[i + 9], f[i + 10]))
+local seqs = {}
+for i, item in ipairs(items) do seqs[i] = item[12] end
+local firsts = recall_all(seqs)
+for i, f in ipairs(items) do
+  local seq = f[12]
+  local first = firsts[seq]
+  if first == nil then
+    first = remember_later(seq, schedule(f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9],
+                                         f[10], f[11]))
+    if MEMO and seq ~= '' then firsts[seq] = first end
   end
-  replies[#replies + 1] = first
+  replies[i] = first
 end
+remember_all()
 -- a new soonest message: wake one blocked reader so it re-arms its timer
 if before then rearm(before) end
 return replies

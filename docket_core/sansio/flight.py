@@ -9,6 +9,7 @@ import enum
 import attrs
 
 from .errors import UsageError
+from .inputs import TaskEnded
 from .lifecycle import Phase
 from .outbox import BACKOFF_CAP
 from .values import TaskMessage, TaskPolicy
@@ -92,6 +93,11 @@ class InFlight:
     deadline: float | None = None
     #: the concurrency slot this delivery holds (limit key), once acquired
     slot: str | None = None
+    #: the request number of its ``Claim``: only that claim's verdict is its own
+    claim_seq: int = 0
+    #: how an early start's function ended, kept until its claim's verdict
+    #: (``EARLY_ENDED``, ``EARLY_CANCELLED``)
+    ended: TaskEnded | None = None
 
 
 class Count(enum.StrEnum):

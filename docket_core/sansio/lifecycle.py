@@ -47,76 +47,105 @@ delivery.  A crash between two steps leaves a slot that goes stale, a
 delivery handed out again, or a parked key that retries at its
 ``retry_at``: nothing the leases and that time do not recover.
 
+A fresh delivery (read as new, not handed out again) of a task without
+admission controls, limit or timeout starts with its ``Claim``, not after
+it (``START_EARLY``, ``EARLY_RUNNING``): a pickup then waits for one round
+trip less.  This is safe because a cancel or a replace deletes a queued
+message that no worker holds yet, so a fresh delivery's claim can find the
+key cancelled or superseded (or the delivery lost) only through a race no
+wider than the claim's own round trip: a verdict other than ``claimed`` is
+then a cancellation that came just after the start.  The run is stopped
+(``ABANDONING``) and ends unrecorded: the store already settled the message
+(it acknowledged it, or another worker holds it).  A run that ends before
+the verdict waits for it (``EARLY_ENDED``): its end is recorded only once
+claimed, so no outcome is recorded for a run the store never let start.
+
 The table, as ``diagram()`` draws it (``python -m docket_core.sansio --diagram``;
 a test checks that the two agree); steps that lead to the same phase share a
 line, and ``(stays)`` lists the steps that change nothing::
 
-    ARRIVED                claim                             -> CLAIMING
-                           reject                            -> FINISHING
-    CLAIMING               claimed                           -> RUNNING
-                           claimed_limited                   -> ADMITTING
-                           claim_lost | given_up             -> DONE
-                           cancel                            -> CLAIMING_CANCELLED
-                           lease_lost                        -> CLAIMING_LOST
-    CLAIMING_CANCELLED     claimed                           -> CANCELLING
-                           claim_lost | given_up             -> DONE
-                           lease_lost                        -> CLAIMING_LOST
-                           cancel                            (stays)
-    CLAIMING_LOST          claimed                           -> ABANDONING
-                           claim_lost | given_up             -> DONE
-                           cancel | lease_lost               (stays)
-    ADMITTING              slot_acquired | admitted          -> RUNNING
-                           slot_parked | blocked | given_up  -> DONE
-                           cancel                            -> ADMITTING_CANCELLED
-                           lease_lost                        -> ADMITTING_LOST
-                           take                              -> TAKING
-    ADMITTING_CANCELLED    slot_acquired | admitted          -> CANCELLING
-                           slot_parked | blocked | given_up  -> DONE
-                           lease_lost                        -> ADMITTING_LOST
-                           cancel                            (stays)
-    ADMITTING_LOST         slot_acquired | admitted          -> ABANDONING
-                           slot_parked | blocked | given_up  -> DONE
-                           cancel | lease_lost               (stays)
-    TAKING                 slot_taken                        -> CONFIRMING
-                           slot_full                         -> PARKING
-                           cancel                            -> TAKING_CANCELLED
-                           lease_lost                        -> TAKING_LOST
-                           given_up                          -> DONE
-    TAKING_CANCELLED       slot_taken                        -> CANCELLING
-                           slot_full                         -> PARKING
-                           lease_lost                        -> TAKING_LOST
-                           given_up                          -> DONE
-                           cancel                            (stays)
-    TAKING_LOST            slot_taken                        -> ABANDONING
-                           slot_full | given_up              -> DONE
-                           cancel | lease_lost               (stays)
-    CONFIRMING             slot_confirmed                    -> RUNNING
-                           cancel                            -> CONFIRMING_CANCELLED
-                           lease_lost                        -> CONFIRMING_LOST
-                           given_up                          -> DONE
-    CONFIRMING_CANCELLED   slot_confirmed                    -> CANCELLING
-                           lease_lost                        -> CONFIRMING_LOST
-                           given_up                          -> DONE
-                           cancel                            (stays)
-    CONFIRMING_LOST        slot_confirmed                    -> ABANDONING
-                           given_up                          -> DONE
-                           cancel | lease_lost               (stays)
-    PARKING                parked | given_up                 -> DONE
-                           cancel | lease_lost               (stays)
-    RUNNING                ended                             -> FINISHING
-                           timeout                           -> TIMING_OUT
-                           cancel                            -> CANCELLING
-                           lease_lost                        -> ABANDONING
-    CANCELLING             ended                             -> FINISHING
-                           lease_lost                        -> ABANDONING
-                           cancel                            (stays)
-    TIMING_OUT             ended                             -> FINISHING
-                           lease_lost                        -> ABANDONING
-                           cancel                            (stays)
-    ABANDONING             ended                             -> DONE
-                           cancel | lease_lost               (stays)
-    FINISHING              recorded | given_up               -> DONE
-                           cancel | lease_lost               (stays)
+    ARRIVED                claim                                       -> CLAIMING
+                           reject                                      -> FINISHING
+                           start_early                                 -> EARLY_RUNNING
+                           cancel | lease_lost                         (stays)
+    CLAIMING               claimed                                     -> RUNNING
+                           claimed_limited                             -> ADMITTING
+                           claim_lost | given_up                       -> DONE
+                           cancel                                      -> CLAIMING_CANCELLED
+                           lease_lost                                  -> CLAIMING_LOST
+    CLAIMING_CANCELLED     claimed                                     -> CANCELLING
+                           claim_lost | given_up                       -> DONE
+                           lease_lost                                  -> CLAIMING_LOST
+                           cancel                                      (stays)
+    CLAIMING_LOST          claimed                                     -> ABANDONING
+                           claim_lost | given_up                       -> DONE
+                           cancel | lease_lost                         (stays)
+    ADMITTING              slot_acquired | admitted                    -> RUNNING
+                           slot_parked | blocked | given_up            -> DONE
+                           cancel                                      -> ADMITTING_CANCELLED
+                           lease_lost                                  -> ADMITTING_LOST
+                           take                                        -> TAKING
+    ADMITTING_CANCELLED    slot_acquired | admitted                    -> CANCELLING
+                           slot_parked | blocked | given_up            -> DONE
+                           lease_lost                                  -> ADMITTING_LOST
+                           cancel                                      (stays)
+    ADMITTING_LOST         slot_acquired | admitted                    -> ABANDONING
+                           slot_parked | blocked | given_up            -> DONE
+                           cancel | lease_lost                         (stays)
+    TAKING                 slot_taken                                  -> CONFIRMING
+                           slot_full                                   -> PARKING
+                           cancel                                      -> TAKING_CANCELLED
+                           lease_lost                                  -> TAKING_LOST
+                           given_up                                    -> DONE
+    TAKING_CANCELLED       slot_taken                                  -> CANCELLING
+                           slot_full                                   -> PARKING
+                           lease_lost                                  -> TAKING_LOST
+                           given_up                                    -> DONE
+                           cancel                                      (stays)
+    TAKING_LOST            slot_taken                                  -> ABANDONING
+                           slot_full | given_up                        -> DONE
+                           cancel | lease_lost                         (stays)
+    CONFIRMING             slot_confirmed                              -> RUNNING
+                           cancel                                      -> CONFIRMING_CANCELLED
+                           lease_lost                                  -> CONFIRMING_LOST
+                           given_up                                    -> DONE
+    CONFIRMING_CANCELLED   slot_confirmed                              -> CANCELLING
+                           lease_lost                                  -> CONFIRMING_LOST
+                           given_up                                    -> DONE
+                           cancel                                      (stays)
+    CONFIRMING_LOST        slot_confirmed                              -> ABANDONING
+                           given_up                                    -> DONE
+                           cancel | lease_lost                         (stays)
+    PARKING                parked | given_up                           -> DONE
+                           cancel | lease_lost                         (stays)
+    EARLY_RUNNING          claimed                                     -> RUNNING
+                           claim_lost | given_up | lease_lost          -> ABANDONING
+                           cancel                                      -> EARLY_CANCELLING
+                           ended                                       -> EARLY_ENDED
+    EARLY_CANCELLING       claimed                                     -> CANCELLING
+                           claim_lost | given_up | lease_lost          -> ABANDONING
+                           ended                                       -> EARLY_CANCELLED
+                           cancel                                      (stays)
+    EARLY_ENDED            claimed                                     -> FINISHING
+                           claim_lost | given_up                       -> DONE
+                           cancel | lease_lost                         (stays)
+    EARLY_CANCELLED        claimed                                     -> FINISHING
+                           claim_lost | given_up                       -> DONE
+                           cancel | lease_lost                         (stays)
+    RUNNING                ended                                       -> FINISHING
+                           timeout                                     -> TIMING_OUT
+                           cancel                                      -> CANCELLING
+                           lease_lost                                  -> ABANDONING
+    CANCELLING             ended                                       -> FINISHING
+                           lease_lost                                  -> ABANDONING
+                           cancel                                      (stays)
+    TIMING_OUT             ended                                       -> FINISHING
+                           lease_lost                                  -> ABANDONING
+                           cancel                                      (stays)
+    ABANDONING             ended                                       -> DONE
+                           cancel | lease_lost | claimed | claim_lost  (stays)
+    FINISHING              recorded | given_up                         -> DONE
+                           cancel | lease_lost                         (stays)
     DONE                   (final)
 """
 
@@ -158,6 +187,18 @@ class Phase(enum.Enum):
     #: step 2b: the limit was full; ``Park`` sent (in the docket), which
     #: settles the delivery whatever happened since (a cancel concludes it)
     PARKING = "parking"
+    #: a fresh delivery without admission controls or timeout started at
+    #: once, its ``Claim`` still out (``START_EARLY``): the verdict confirms
+    #: the run (``RUNNING``) or voids it (``ABANDONING``: it ends unrecorded)
+    EARLY_RUNNING = "early_running"
+    #: ``EARLY_RUNNING``, and its key was cancelled since (``CancelTask`` sent)
+    EARLY_CANCELLING = "early_cancelling"
+    #: ``EARLY_RUNNING`` and the function ended: its end waits for the verdict
+    #: (recorded once claimed, dropped otherwise)
+    EARLY_ENDED = "early_ended"
+    #: ``EARLY_CANCELLING`` and the function ended: as ``EARLY_ENDED``, and
+    #: once claimed it ends as a run cancelled while it ran (nothing follows)
+    EARLY_CANCELLED = "early_cancelled"
     #: the task function runs
     RUNNING = "running"
     #: its key was cancelled (``CancelTask`` sent, or it never started): it
@@ -176,6 +217,8 @@ class Phase(enum.Enum):
 
 class Step(enum.Enum):
     CLAIM = "claim"
+    #: ``Claim`` sent and the function started with it (``EARLY_RUNNING``)
+    START_EARLY = "start_early"
     REJECT = "reject"
     CLAIMED = "claimed"
     CLAIMED_LIMITED = "claimed_limited"
@@ -210,6 +253,11 @@ P, S = Phase, Step
 TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (P.ARRIVED, S.CLAIM): P.CLAIMING,
     (P.ARRIVED, S.REJECT): P.FINISHING,
+    (P.ARRIVED, S.START_EARLY): P.EARLY_RUNNING,
+    # a delivery waiting in the worker for a slot (``local_slots``): its
+    # step's claim finds out
+    (P.ARRIVED, S.CANCEL): P.ARRIVED,
+    (P.ARRIVED, S.LEASE_LOST): P.ARRIVED,
     (P.CLAIMING, S.CLAIMED): P.RUNNING,
     (P.CLAIMING, S.CLAIMED_LIMITED): P.ADMITTING,
     (P.CLAIMING, S.CLAIM_LOST): P.DONE,
@@ -279,6 +327,28 @@ TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (P.PARKING, S.CANCEL): P.PARKING,
     (P.PARKING, S.LEASE_LOST): P.PARKING,
     (P.PARKING, S.GIVEN_UP): P.DONE,
+    (P.EARLY_RUNNING, S.CLAIMED): P.RUNNING,
+    (P.EARLY_RUNNING, S.CLAIM_LOST): P.ABANDONING,
+    (P.EARLY_RUNNING, S.GIVEN_UP): P.ABANDONING,
+    (P.EARLY_RUNNING, S.LEASE_LOST): P.ABANDONING,
+    (P.EARLY_RUNNING, S.CANCEL): P.EARLY_CANCELLING,
+    (P.EARLY_RUNNING, S.ENDED): P.EARLY_ENDED,
+    (P.EARLY_CANCELLING, S.CLAIMED): P.CANCELLING,
+    (P.EARLY_CANCELLING, S.CLAIM_LOST): P.ABANDONING,
+    (P.EARLY_CANCELLING, S.GIVEN_UP): P.ABANDONING,
+    (P.EARLY_CANCELLING, S.LEASE_LOST): P.ABANDONING,
+    (P.EARLY_CANCELLING, S.CANCEL): P.EARLY_CANCELLING,
+    (P.EARLY_CANCELLING, S.ENDED): P.EARLY_CANCELLED,
+    (P.EARLY_ENDED, S.CLAIMED): P.FINISHING,
+    (P.EARLY_ENDED, S.CLAIM_LOST): P.DONE,
+    (P.EARLY_ENDED, S.GIVEN_UP): P.DONE,
+    (P.EARLY_ENDED, S.CANCEL): P.EARLY_ENDED,
+    (P.EARLY_ENDED, S.LEASE_LOST): P.EARLY_ENDED,
+    (P.EARLY_CANCELLED, S.CLAIMED): P.FINISHING,
+    (P.EARLY_CANCELLED, S.CLAIM_LOST): P.DONE,
+    (P.EARLY_CANCELLED, S.GIVEN_UP): P.DONE,
+    (P.EARLY_CANCELLED, S.CANCEL): P.EARLY_CANCELLED,
+    (P.EARLY_CANCELLED, S.LEASE_LOST): P.EARLY_CANCELLED,
     (P.RUNNING, S.ENDED): P.FINISHING,
     (P.RUNNING, S.TIMEOUT): P.TIMING_OUT,
     (P.RUNNING, S.CANCEL): P.CANCELLING,
@@ -292,6 +362,9 @@ TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (P.ABANDONING, S.ENDED): P.DONE,
     (P.ABANDONING, S.CANCEL): P.ABANDONING,
     (P.ABANDONING, S.LEASE_LOST): P.ABANDONING,
+    # (the verdict of an early start's claim, after its run was voided)
+    (P.ABANDONING, S.CLAIMED): P.ABANDONING,
+    (P.ABANDONING, S.CLAIM_LOST): P.ABANDONING,
     (P.FINISHING, S.RECORDED): P.DONE,
     (P.FINISHING, S.CANCEL): P.FINISHING,
     (P.FINISHING, S.LEASE_LOST): P.FINISHING,
@@ -303,8 +376,11 @@ TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
 #: answers (the renewal then reports it lost again)
 HOLDING = frozenset(set(Phase) - {P.ABANDONING, P.DONE})
 
+#: phases in which a started function runs while its ``Claim`` is out
+EARLY = frozenset({P.EARLY_RUNNING, P.EARLY_CANCELLING})
+
 #: phases in which the task function is running
-EXECUTING = frozenset({P.RUNNING, P.CANCELLING, P.TIMING_OUT, P.ABANDONING})
+EXECUTING = frozenset({P.RUNNING, P.CANCELLING, P.TIMING_OUT, P.ABANDONING}) | EARLY
 
 #: phases in which a lost lease must still stop the function (``CancelTask``)
 STOPPABLE = EXECUTING - {P.ABANDONING}

@@ -89,6 +89,18 @@ def delivery_id(partition: int, entry_id: str, partitions: int) -> str:
     return entry_id if partitions == 1 else f"{partition}/{entry_id}"
 
 
+def layout_changed(name: str, partitions: int, recorded: int) -> str | None:
+    """Why a worker of docket ``name`` opened with ``partitions`` must stop
+    when the docket's recorded count is ``recorded`` (``None``: it is the same)."""
+    if recorded == partitions:
+        return None
+    return (
+        f"docket {name} is recorded with {recorded} partitions now, not the {partitions} "
+        f"this worker opened it with: it reads queues no producer fills any more; "
+        f"start it again with partitions={recorded}"
+    )
+
+
 def split_delivery_id(delivery: str, partitions: int) -> tuple[int, str]:
     """``(partition, entry id)`` of a delivery id; ``ValueError`` when it
     does not name a partition of this docket."""

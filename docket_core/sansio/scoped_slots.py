@@ -68,6 +68,7 @@ from .inputs import (
     WokeParked,
 )
 from .lifecycle import Phase, Step
+from .local_slots import LocalSlotSteps, SlotStep, SlotStepped
 from .outbox import Outbox
 from .values import ConcurrencyPolicy, HeldSlot
 
@@ -160,15 +161,18 @@ class ReleaseChains:
         #: holders whose recheck ``TakeSlot`` is out
         self._rechecking: set[str] = set()
 
-    def release(self, *, limit_key: str, holder: str, now: float, scope: str | None) -> ReleaseSlot:
-        """The ``ReleaseSlot`` of a slot a delivery held: a chain's first link."""
+    def release(
+        self, *, limit_key: str, holder: str, now: float, scope: str | None, alone: bool = True
+    ) -> ReleaseSlot:
+        """The ``ReleaseSlot`` of a slot a delivery held: a chain's first link
+        (not ``alone``: a part of a ``SlotStep``, which has the request)."""
         self.open += 1
         return ReleaseSlot(
             limit_key=limit_key,
             holder=holder,
             now=now,
             scope=scope,
-            request=self._outbox.request(),
+            request=self._outbox.request() if alone else None,
         )
 
     def recheck(self, take: TakeSlot) -> TakeSlot:
@@ -190,6 +194,15 @@ class ReleaseChains:
         effects = [self._link(each, effect, outcome, now) for each in following]
         self.open += len(effects)
         return effects
+
+    def stepped(self, effect: ReleaseSlot, wake: str | None, now: float) -> list[StoreEffect]:
+        """The links that follow the answer to a release a ``SlotStep`` made
+        (``wake``: the docket it named)."""
+        if wake is None:
+            self._close(effect)
+            return []
+        outcome = SlotReleased(limit_key=effect.limit_key, woken=0, wake=wake)
+        return self.replied(effect, outcome, now)
 
     def given_up(self, effect: StoreEffect) -> None:
         """A link the store never answered: its chain ends here (``retry_at``
@@ -254,7 +267,16 @@ class ReleaseChains:
 
 #: the outcomes ``SlotSteps._slot_replied`` takes
 SLOT_ANSWERS = frozenset(
-    {SlotAcquired, SlotTaken, SlotConfirmed, Parked, SlotReleased, WokeParked, Enlisted}
+    {
+        SlotAcquired,
+        SlotTaken,
+        SlotConfirmed,
+        Parked,
+        SlotReleased,
+        WokeParked,
+        Enlisted,
+        SlotStepped,
+    }
 )
 
 
@@ -280,19 +302,25 @@ class _Machine(Protocol):
 
     def _parked(self, outcome: Parked, now: float) -> None: ...
 
+    def _stepped(self, effect: SlotStep, outcome: SlotStepped, now: float) -> None: ...
+
     def _start(self, flight: InFlight, step: Step, now: float) -> None: ...
 
     def _lease_lost(self, delivery_id: str) -> None: ...
 
 
-class SlotSteps:
+class SlotSteps(LocalSlotSteps):
     """The worker machine's steps on concurrency slots (mixed into
     ``WorkerMachine``): what it asks of the store for a delivery's slot, and
-    what it does with the answers."""
+    what it does with the answers (those of a limit in the docket's own
+    namespace: ``local_slots.LocalSlotSteps``)."""
 
     def _slot_replied(self: _Machine, effect: StoreEffect, outcome: Outcome, now: float) -> None:
         """Take the answer to a step on a slot (one of ``SLOT_ANSWERS``)."""
-        if isinstance(outcome, SlotAcquired):
+        if isinstance(outcome, SlotStepped):
+            assert isinstance(effect, SlotStep)
+            self._stepped(effect, outcome, now)
+        elif isinstance(outcome, SlotAcquired):
             self._slot(outcome, now)
         elif isinstance(outcome, SlotTaken) and not self.chains.owns(effect):
             assert isinstance(effect, TakeSlot)
@@ -303,6 +331,12 @@ class SlotSteps:
             self._parked(outcome, now)
         else:  # a link of a chain: a release, a wake-up, an enlistment, a recheck
             self._effects.extend(self.chains.replied(effect, outcome, now))
+
+    def _released_links(
+        self: _Machine, effect: ReleaseSlot, wake: str | None, now: float
+    ) -> list[StoreEffect]:
+        """The links of the chain that follow a step's release."""
+        return self.chains.stepped(effect, wake, now)
 
     def _acquire(self: _Machine, flight: InFlight, now: float) -> AcquireSlot | TakeSlot:
         """Ask for the concurrency slot of a claimed (and admitted) delivery."""
@@ -448,6 +482,7 @@ class SlotSteps:
             holder=self.holder(flight.delivery_id),
             now=now,
             scope=limit.scope,
+            alone=chain_scope(limit, self.config.docket) is not None,
         )
         flight.slot = None
         return release

@@ -39,22 +39,20 @@ from .admission import (
 )
 from .decisions import plan_bury, plan_end, plan_reject
 from .effects import (
-    AcquireSlot,
     Claim,
     ClaimItem,
-    ConfirmSlot,
     Effect,
     Finish,
     Heartbeat,
-    Park,
     Read,
+    ReleaseSlot,
     RenewLeases,
+    Request,
     Schedule,
     SeedPerpetuals,
     StartTask,
     StopReason,
     StoreEffect,
-    TakeSlot,
 )
 from .errors import InternalError
 from .flight import Count, InFlight, WorkerConfig
@@ -81,7 +79,9 @@ from .inputs import (
     TaskOutcome,
     Tick,
 )
+from .leases import LeaseSteps
 from .lifecycle import Phase, Step
+from .local_slots import LocalWaits, SlotTake, local_limit
 from .outbox import Outbox
 from .scoped_slots import SLOT_ANSWERS, ReleaseChains, SlotSteps
 from .stopping import stop_task, timed_out_end
@@ -89,6 +89,9 @@ from .stopping import stop_task, timed_out_end
 # the members every run meets, bound once: on Python 3.11 looking a member
 # up on its enum class costs several times a global's lookup
 _RUNNING, _TIMING_OUT, _CANCELLING = Phase.RUNNING, Phase.TIMING_OUT, Phase.CANCELLING
+_EARLY_RUNNING, _EARLY = Phase.EARLY_RUNNING, lifecycle.EARLY
+#: the phases in which the verdict of a claim comes after the run started
+_STARTED_BEFORE_VERDICT = lifecycle.EARLY | {Phase.EARLY_ENDED, Phase.EARLY_CANCELLED}
 _DELIVERED, _REDELIVERED, _STARTED = Count.DELIVERED, Count.REDELIVERED, Count.STARTED
 #: the counter of each way a run ends, and of each claim that lost
 _ENDED = {outcome: Count(outcome.value) for outcome in TaskOutcome}
@@ -97,14 +100,19 @@ _LOST = {v: Count(v.value) for v in ClaimVerdict if v is not ClaimVerdict.CLAIME
 _BLOCKED_END = {BlockedAction.RESCHEDULE: Count.RESCHEDULED, BlockedAction.DROP: Count.CANCELLED}
 
 
-class WorkerMachine(SlotSteps):
+class WorkerMachine(SlotSteps, LeaseSteps):
     """The decisions of one worker, fed by its runtime (its steps on
-    concurrency slots: ``scoped_slots.SlotSteps``)."""
+    concurrency slots: ``scoped_slots.SlotSteps``; on leases:
+    ``leases.LeaseSteps``)."""
 
     def __init__(self, config: WorkerConfig, now: float) -> None:
         self.config = config
         self.in_flight: dict[str, InFlight] = {}
         self.counters: Counter[Count] = Counter()
+        #: whether the last ``TaskEnded`` led (or, for a run that started with
+        #: its claim, leads once claimed) to a retry or a perpetual task's next
+        #: run: its end line's arrow (``worker_logs``)
+        self.rescheduled = False
         self._effects: list[Effect] = []
         self._next_renewal = now + config.renew_interval
         #: the ``now`` of the last renewal the store confirmed (or of a moment
@@ -130,10 +138,14 @@ class WorkerMachine(SlotSteps):
             refusals_allowed=config.refusals_allowed,
         )
         self.chains = ReleaseChains(docket=config.docket, outbox=self.outbox)
+        self.local = LocalWaits()
         #: a ``Read`` is out; the next one recovers lost deliveries; not before
         self._reading = False
         self._recover = False
         self._read_at: float | None = None
+        #: the ``now`` of the last ``Read`` asked for: its deliveries were
+        #: handed out after it
+        self._read_asked_at = now
         #: the soonest future message the last read saw
         self._next_due: float | None = None
         #: ``until_finished`` and nothing was left: the worker stops
@@ -183,6 +195,7 @@ class WorkerMachine(SlotSteps):
             deadline = min(deadline, self._next_seed)
         if self.in_flight:
             deadline = min(deadline, self._next_renewal, self._fence_at)
+        deadline = self._wait_deadline(deadline)  # (local_slots)
         if self._timeouts:
             for flight in self.in_flight.values():
                 if flight.deadline is not None and flight.phase is Phase.RUNNING:
@@ -222,8 +235,11 @@ class WorkerMachine(SlotSteps):
     def _receive(self, event: Input) -> None:
         if type(event) is TaskEnded:
             self._task_ended(event)
+        elif type(event) is ReadDone:
+            assert isinstance(event, ReadDone)
+            self._read_done(event)
         elif type(event) is Delivered:
-            self._delivered(event)
+            self._delivered(event.arrivals, event.now)
         elif type(event) is Tick:
             self._tick(event.now)
         elif type(event) is CancelRequested:
@@ -237,10 +253,8 @@ class WorkerMachine(SlotSteps):
         elif type(event) is ShutdownRequested:
             self.accepting = False
             self.outbox.stop()
+            self._waited(event.now, everyone=True)
             self._maybe_goodbye(event.now)
-        elif type(event) is ReadDone:
-            assert isinstance(event, ReadDone)
-            self._read_done(event)
         elif type(event) is ReadFailed:
             assert isinstance(event, ReadFailed)
             self.counters[Count.STORE_ERRORS] += 1
@@ -278,8 +292,8 @@ class WorkerMachine(SlotSteps):
                 assert isinstance(outcome, Buried)
                 self.counters[Count.DEAD_LETTERED if outcome.moved else Count.BURY_LOST] += 1
             elif kind is Claimed:
-                assert isinstance(outcome, Claimed)
-                self._claimed(outcome, now)
+                assert isinstance(outcome, Claimed) and isinstance(effect, Claim)
+                self._claimed(effect, outcome, now)
             elif kind in SLOT_ANSWERS:  # (scoped_slots)
                 self._slot_replied(effect, outcome, now)
             elif kind is Admitted:
@@ -317,6 +331,7 @@ class WorkerMachine(SlotSteps):
         if self._next_due is not None:
             block = min(block, max(self._next_due - now, 0.0))
         self._reading = True
+        self._read_asked_at = now
         self._effects.append(
             Read(
                 worker=self.config.name,
@@ -345,17 +360,31 @@ class WorkerMachine(SlotSteps):
             )
             self._effects.append(bury)
         if event.arrivals:
-            self._delivered(Delivered(arrivals=event.arrivals, now=event.now))
+            # fresh deliveries may start with their claim when it goes out now
+            # and the read is recent: leases younger than ``fence_after``,
+            # as safe from a takeover as freshly renewed ones
+            early = (
+                self.accepting
+                and self.outbox.resend_at is None
+                and event.now - self._read_asked_at <= self.config.fence_after
+            )
+            self._delivered(event.arrivals, event.now, early)
         elif event.pending == 0 and not self.in_flight and self.config.until_finished:
             self.finished = True
             self.accepting = False
         self._maybe_goodbye(event.now)
 
-    def _delivered(self, event: Delivered) -> None:
+    def _delivered(self, arrivals: Sequence[Arrival], now: float, early: bool = False) -> None:
+        """Claim the deliveries; with ``early`` (``_read_done``), start the
+        fresh ones that need no admission, slot or deadline at once too
+        (``lifecycle``: ``START_EARLY``)."""
         claims: list[ClaimItem] = []
+        claiming: list[InFlight] = []
+        starts: list[InFlight] = []
+        takes: list[SlotTake] = []
         # (the new leases count from now: fenced no sooner than this)
-        self._fence_at = min(self._fence_at, event.now + self.config.fence_after)
-        for arrival in event.arrivals:
+        self._fence_at = min(self._fence_at, now + self.config.fence_after)
+        for arrival in arrivals:
             delivery = arrival.delivery
             if delivery.delivery_id in self.in_flight:
                 continue  # already ours (a redelivery to the same worker)
@@ -364,14 +393,31 @@ class WorkerMachine(SlotSteps):
                 message=delivery.message,
                 policy=arrival.policy,
                 problem=arrival.problem,
-                renewed_at=event.now,
+                renewed_at=now,
             )
             self.in_flight[delivery.delivery_id] = flight
             self.counters[_REDELIVERED if delivery.redelivered else _DELIVERED] += 1
             if arrival.problem is not None or arrival.struck:
-                self._reject(flight, arrival, event.now)
+                self._reject(flight, arrival, now)
                 continue
-            flight.phase = lifecycle.advance(flight.phase, Step.CLAIM)
+            policy = arrival.policy
+            limit = local_limit(policy, self.config.docket)
+            if limit is not None:  # (one step claims it into a slot: local_slots)
+                take = self._arrive(flight, limit, now)
+                takes += (take,) if take is not None else ()
+                continue
+            if (
+                early
+                and not delivery.redelivered
+                and policy.concurrency is None
+                and policy.timeout is None
+                and not policy.admission
+            ):
+                flight.phase = lifecycle.advance(flight.phase, Step.START_EARLY)
+                starts.append(flight)
+            else:
+                flight.phase = lifecycle.advance(flight.phase, Step.CLAIM)
+            claiming.append(flight)
             claims.append(
                 ClaimItem(
                     delivery_id=delivery.delivery_id,
@@ -379,15 +425,18 @@ class WorkerMachine(SlotSteps):
                     generation=delivery.message.generation,
                 )
             )
+        self._send_takes(takes, now)
         if claims:
+            request = self.outbox.request()
+            for flight in claiming:
+                flight.claim_seq = request.seq
             self._effects.append(
-                Claim(
-                    worker=self.config.name,
-                    items=tuple(claims),
-                    now=event.now,
-                    request=self.outbox.request(),
-                )
+                Claim(worker=self.config.name, items=tuple(claims), now=now, request=request)
             )
+        for flight in starts:  # (the claim goes out first)
+            flight.started_at = now
+            self.counters[_STARTED] += 1
+            self._effects.append(StartTask(delivery_id=flight.delivery_id))
 
     def _reject(self, flight: InFlight, arrival: Arrival, now: float) -> None:
         flight.phase = lifecycle.advance(flight.phase, Step.REJECT)
@@ -403,13 +452,21 @@ class WorkerMachine(SlotSteps):
             )
         )
 
-    def _claimed(self, outcome: Claimed, now: float) -> None:
+    def _claimed(self, effect: Claim, outcome: Claimed, now: float) -> None:
+        request = effect.request
+        seq = 0 if request is None else request.seq
         for delivery_id, verdict in outcome.verdicts:
             flight = self.in_flight.get(delivery_id)
-            if flight is None:
+            if flight is None or flight.claim_seq != seq:
+                # (a verdict for an earlier copy of the delivery, handed back
+                # to this worker after that copy's run was stopped: not this one's)
                 continue
             if verdict is not ClaimVerdict.CLAIMED:
                 self.counters[_LOST[verdict]] += 1
+            if flight.phase in _STARTED_BEFORE_VERDICT or flight.phase is Phase.ABANDONING:
+                self._early_verdict(flight, verdict, now)
+                continue
+            if verdict is not ClaimVerdict.CLAIMED:
                 flight.phase = lifecycle.advance(flight.phase, Step.CLAIM_LOST)
                 del self.in_flight[delivery_id]
                 continue
@@ -434,6 +491,27 @@ class WorkerMachine(SlotSteps):
                 )
             else:
                 self._effects.append(self._acquire(flight, now))
+
+    def _early_verdict(self, flight: InFlight, verdict: ClaimVerdict, now: float) -> None:
+        """The claim of a run that started with it: ``claimed`` confirms the
+        run (and records an end that waited for it); any other verdict voids
+        it, as a cancel just after the start would have: the function is
+        stopped, nothing is recorded (the store settled the message)."""
+        claimed = verdict is ClaimVerdict.CLAIMED
+        was = flight.phase
+        phase = flight.phase = lifecycle.advance(was, Step.CLAIMED if claimed else Step.CLAIM_LOST)
+        if phase is Phase.FINISHING:
+            ended, flight.ended = flight.ended, None
+            if ended is None:
+                raise InternalError(f"no end kept for delivery {flight.delivery_id!r}")
+            cancelled = was is Phase.EARLY_CANCELLED
+            self._end(flight, ended, ended.outcome, ended.error, cancelled, None)
+        elif phase is Phase.DONE:
+            flight.ended = None
+            del self.in_flight[flight.delivery_id]
+        elif phase is Phase.ABANDONING and was is _EARLY_RUNNING:
+            reason = StopReason.LEASE_LOST if verdict is ClaimVerdict.LOST else StopReason.CANCELLED
+            self._effects.append(stop_task(flight.delivery_id, reason, flight.message))
 
     def _admitted(self, effect: Admit, outcome: Admitted, now: float) -> None:
         flight = self.in_flight.get(outcome.delivery_id)
@@ -487,21 +565,66 @@ class WorkerMachine(SlotSteps):
         if flight.deadline is not None:
             self._timeouts -= 1
             flight.deadline = None
+        phase = flight.phase
+        self.rescheduled = False
+        if phase in _EARLY:
+            # started with its claim: the end waits for the verdict; what it
+            # will lead to once claimed is known now (for the end's log line)
+            cancelled = phase is not _EARLY_RUNNING
+            flight.phase = lifecycle.advance(phase, Step.ENDED)
+            flight.ended = event
+            planned = self._plan(flight, event, event.outcome, event.error, cancelled)
+            self.rescheduled = isinstance(planned, Schedule)
+            return
         release = self._release(flight, event.now)
-        if flight.phase is Phase.ABANDONING:
-            flight.phase = lifecycle.advance(flight.phase, Step.ENDED)
+        if phase is Phase.ABANDONING:
+            flight.phase = lifecycle.advance(phase, Step.ENDED)
             del self.in_flight[event.delivery_id]
             self.counters[Count.ABANDONED] += 1
-            if release is not None:
-                self._effects.append(release)
+            self._send_end(None, release, event.now)
             self._maybe_goodbye(event.now)
             return
         outcome, error = event.outcome, event.error
-        if flight.phase is _TIMING_OUT:
+        if phase is _TIMING_OUT:
             outcome, error = timed_out_end(event, flight.policy)
-        cancelled = flight.phase is _CANCELLING
-        flight.phase = lifecycle.advance(flight.phase, Step.ENDED)
-        effect = plan_end(
+        flight.phase = lifecycle.advance(phase, Step.ENDED)
+        self._end(flight, event, outcome, error, phase is _CANCELLING, release)
+
+    def _end(
+        self,
+        flight: InFlight,
+        event: TaskEnded,
+        outcome: TaskOutcome,
+        error: str | None,
+        cancelled: bool,
+        release: ReleaseSlot | None,
+    ) -> None:
+        """Plan what the end of a run leads to (``FINISHING`` now), and send it."""
+        effect = self._plan(flight, event, outcome, error, cancelled, self.outbox.request())
+        follow_up = event.follow_up
+        if follow_up is not None and follow_up.blocked is not None and not cancelled:
+            # (an ``AdmissionBlocked``; one its gate handled ends failed)
+            self.counters[_BLOCKED_END.get(follow_up.blocked, Count.FAILED)] += 1
+        elif isinstance(effect, Schedule):
+            retrying = effect.message.attempt > flight.message.attempt
+            self.counters[Count.RETRIED if retrying else Count.PERPETUATED] += 1
+            self.rescheduled = True
+        else:
+            self.counters[_ENDED[outcome]] += 1
+        # the outcome first, then the release (same round trip): a waiter woken
+        # by the release then sees this run's record already concluded
+        self._send_end(effect, release, event.now)
+
+    def _plan(
+        self,
+        flight: InFlight,
+        event: TaskEnded,
+        outcome: TaskOutcome,
+        error: str | None,
+        cancelled: bool,
+        request: Request | None = None,
+    ) -> StoreEffect:
+        return plan_end(
             delivery_id=flight.delivery_id,
             message=flight.message,
             policy=flight.policy,
@@ -510,23 +633,9 @@ class WorkerMachine(SlotSteps):
             error=error,
             started_at=flight.started_at,
             execution_ttl=self.config.execution_ttl,
-            request=self.outbox.request(),
+            request=request,
             cancelled=cancelled,
         )
-        follow_up = event.follow_up
-        if follow_up is not None and follow_up.blocked is not None and not cancelled:
-            # (an ``AdmissionBlocked``; one its gate handled ends failed)
-            self.counters[_BLOCKED_END.get(follow_up.blocked, Count.FAILED)] += 1
-        elif isinstance(effect, Schedule):
-            retrying = effect.message.attempt > flight.message.attempt
-            self.counters[Count.RETRIED if retrying else Count.PERPETUATED] += 1
-        else:
-            self.counters[_ENDED[outcome]] += 1
-        # the outcome first, then the release (same round trip): a waiter woken
-        # by the release then sees this run's record already concluded
-        self._effects.append(effect)
-        if release is not None:
-            self._effects.append(release)
 
     def _recorded(self, effect: StoreEffect, now: float) -> None:
         if isinstance(effect, Finish):
@@ -547,80 +656,11 @@ class WorkerMachine(SlotSteps):
                 continue
             if event.generation is not None and flight.message.generation >= event.generation:
                 continue  # added again after the cancel
-            was_running = flight.phase is Phase.RUNNING
+            was_running = flight.phase is _RUNNING or flight.phase is _EARLY_RUNNING
             flight.phase = lifecycle.advance(flight.phase, Step.CANCEL)
             if was_running:
                 stop = stop_task(flight.delivery_id, StopReason.CANCELLED, flight.message)
                 self._effects.append(stop)
-
-    def _lease_lost(self, delivery_id: str) -> None:
-        flight = self.in_flight.get(delivery_id)
-        if flight is None:
-            return
-        was_stoppable = flight.phase in lifecycle.STOPPABLE
-        flight.phase = lifecycle.advance(flight.phase, Step.LEASE_LOST)
-        self.counters[Count.LEASE_LOST] += 1
-        if was_stoppable:
-            self._effects.append(stop_task(delivery_id, StopReason.LEASE_LOST, flight.message))
-
-    def _store_failed(self, event: ReplyLost | StoreFailed) -> None:
-        self.counters[Count.STORE_ERRORS] += 1
-        given_up = self.outbox.failed(event)
-        if given_up:
-            self._give_up(given_up, event.now)
-
-    def _give_up(self, effects: Sequence[StoreEffect], now: float) -> None:
-        """Leave the deliveries of a batch the store never answered to the
-        store: it hands them out again once their leases lapse."""
-        self.counters[Count.GIVEN_UP] += len(effects)
-        for effect in effects:
-            if isinstance(effect, Claim):
-                ids: tuple[str | None, ...] = tuple(item.delivery_id for item in effect.items)
-            elif isinstance(effect, TakeSlot) and self.chains.owns(effect):
-                self.chains.given_up(effect)
-                continue
-            elif isinstance(effect, Finish | AcquireSlot | Admit | TakeSlot | ConfirmSlot | Park):
-                ids = (effect.delivery_id,)
-            elif isinstance(effect, Schedule):
-                ids = (effect.acknowledge,)
-            else:
-                # a release, a chain's link, a renewal or a heartbeat: leases
-                # and the parked keys' retry times settle it
-                self.chains.given_up(effect)
-                continue
-            for delivery_id in ids:
-                flight = self.in_flight.get(delivery_id) if delivery_id else None
-                if flight is not None and lifecycle.allows(flight.phase, Step.GIVEN_UP):
-                    flight.phase = lifecycle.advance(flight.phase, Step.GIVEN_UP)
-                    del self.in_flight[flight.delivery_id]
-        self._maybe_goodbye(now)
-
-    def _renewed(self, effect: RenewLeases) -> None:
-        self._leases_confirmed_at = max(self._leases_confirmed_at, effect.now)
-        for delivery_id in effect.delivery_ids:
-            flight = self.in_flight.get(delivery_id)
-            if flight is not None:
-                flight.renewed_at = max(flight.renewed_at, effect.now)
-
-    def _fence(self, now: float) -> None:
-        """Stop every run whose lease this worker could not renew in time
-        (the store did not answer): another worker may own it by now."""
-        # (deadlines computed as the timer's, so that the timer's tick fences)
-        fence_after = self.config.fence_after
-        self._fence_at = self._leases_confirmed_at + fence_after
-        if self._fence_at > now:
-            return
-        self._fence_at = float("inf")
-        for flight in list(self.in_flight.values()):
-            if flight.phase not in lifecycle.HOLDING:
-                continue
-            due = flight.renewed_at + fence_after
-            if due <= now:
-                self.counters[Count.FENCED] += 1
-                flight.slot = None
-                self._lease_lost(flight.delivery_id)
-            else:
-                self._fence_at = min(self._fence_at, due)
 
     def _tick(self, now: float) -> None:
         lapsed = self.outbox.lapsed(now)
@@ -631,6 +671,7 @@ class WorkerMachine(SlotSteps):
             self._effects = resent
         if self.in_flight:
             self._fence(now)
+        self._waited(now)
         self._maybe_goodbye(now)
         if self._timeouts:
             for flight in self.in_flight.values():
@@ -658,15 +699,6 @@ class WorkerMachine(SlotSteps):
                 self._effects.append(
                     Heartbeat(worker=self.config.name, tasks=self.config.tasks, now=now)
                 )
-
-    def _renew(self, now: float) -> None:
-        self._next_renewal = now + self.config.renew_interval
-        held = tuple(f.delivery_id for f in self.in_flight.values() if f.phase in lifecycle.HOLDING)
-        slots = self._held_slots()
-        if held or slots:
-            self._effects.append(
-                RenewLeases(worker=self.config.name, delivery_ids=held, slots=slots, now=now)
-            )
 
     def _maybe_goodbye(self, now: float) -> None:
         # (a read still out may bring deliveries: they must reach this machine

@@ -13,11 +13,13 @@ import anyio
 import pytest
 
 from docket_core import Docket
+from docket_core.adapter import ReadResult
 from docket_core.partitioned import PartitionedStore
 from docket_core.sansio.effects import Cancel, Heartbeat, StoreEffect
 from docket_core.sansio.errors import StoreUnavailable
 from docket_core.sansio.inputs import Outcome
 from docket_core.sansio.partitions import partition_of
+from docket_core.sansio.values import Delivery, TaskMessage
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends("memory-asyncio", "redis-asyncio")]
 
@@ -83,3 +85,33 @@ async def test_a_partition_that_fails_raises_its_store_error(make_docket: Any) -
     cancels = [Cancel(key=key, now=now, ttl=60.0) for key in keys_in_each_partition(3)]
     with pytest.raises(StoreUnavailable, match="partition 1 is gone"):
         await store.execute(cancels)
+
+
+async def test_what_a_blocking_read_brought_late_goes_to_its_own_worker(
+    make_docket: Any,
+) -> None:
+    docket: Docket = await make_docket(partitions=3)
+    store = docket.adapter
+    assert isinstance(store, PartitionedStore)
+    message = TaskMessage(key="k", function="f", payload=b"", when=0.0)
+
+    def reader(partition: int) -> Any:
+        async def read(*, worker: str, block: float, **_: Any) -> ReadResult:
+            if block > 0 and worker == "a" and partition == 0:
+                await anyio.sleep(0.05)  # (after the caller stopped waiting)
+                delivery = Delivery(delivery_id="7-0", message=message)
+                return ReadResult(deliveries=(delivery,), next_due=None)
+            await anyio.sleep(block)
+            return ReadResult(deliveries=(), next_due=None)
+
+        return read
+
+    for partition, part in enumerate(store.parts):
+        part.read = reader(partition)  # type: ignore[method-assign]
+    options: dict[str, Any] = {"count": 5, "now": time.time(), "redelivery_timeout": 60.0}
+    assert (await store.read(worker="a", block=0.01, **options)).deliveries == ()
+    await anyio.sleep(0.1)
+    # b's read leaves it alone (a's consumer holds it: b could not claim it)
+    assert (await store.read(worker="b", block=0.0, **options)).deliveries == ()
+    result = await store.read(worker="a", block=0.0, **options)
+    assert [d.delivery_id for d in result.deliveries] == ["0/7-0"]

@@ -19,6 +19,7 @@ from servers import Cluster, Servers, command
 from docket_core import ConcurrencyLimit, Docket, ExecutionState, Worker
 from docket_core.lua.base import ScriptedStore
 from docket_core.partitioned import PartitionedStore
+from docket_core.sansio.effects import Heartbeat
 from docket_core.sansio.errors import StoreError, UsageError
 from docket_core.sansio.partitions import partition_of
 
@@ -263,6 +264,38 @@ async def test_record_partitions_compares_and_sets(make_docket: MakeDocket) -> N
         with pytest.raises(StoreError, match="whole numbers"):
             await store.run_calls([store.layout.call("layout", "1", "0")])
         assert await store.record_partitions(1, 1) == 1
+
+
+async def test_a_worker_stops_when_the_recorded_count_changes(make_docket: MakeDocket) -> None:
+    docket = await make_docket(partitions=3, heartbeat_interval=timedelta(milliseconds=20))
+    store = docket.adapter
+    assert isinstance(store, PartitionedStore)
+    worker = make_worker(docket, reconnection_delay=timedelta(milliseconds=20))
+    beats = 0
+    original = store.home.execute
+
+    async def counted(effects: Any) -> Any:
+        nonlocal beats
+        beats += sum(isinstance(e, Heartbeat) for e in effects)
+        return await original(effects)
+
+    store.home.execute = counted  # type: ignore[method-assign]
+
+    async def change() -> None:
+        with anyio.fail_after(10):
+            while beats < 3:  # (heartbeats with the recorded count: it runs on)
+                await anyio.sleep(0.01)
+        # drained, the docket was opened with 2 partitions elsewhere
+        assert await store.record_partitions(3, 2) == 3
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            group.start_soon(change)
+            with pytest.RaisesGroup(
+                pytest.RaisesExc(StoreError, match="recorded with 2 partitions now, not the 3"),
+                flatten_subgroups=True,
+            ):
+                await worker.run_forever()
 
 
 async def test_a_sibling_shares_the_connection(make_docket: MakeDocket, docket_url: str) -> None:

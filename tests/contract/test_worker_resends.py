@@ -21,6 +21,7 @@ from docket_core import ConcurrencyLimit, Docket, ExecutionState, Worker
 from docket_core.sansio.effects import StoreEffect
 from docket_core.sansio.errors import StoreUnavailable
 from docket_core.sansio.inputs import Outcome, SlotAcquired
+from docket_core.sansio.local_slots import HOLD_FOR, TAKE_PARKED, SlotStepped
 
 pytestmark = pytest.mark.anyio
 
@@ -44,9 +45,10 @@ def lose_replies(docket: Docket, lose: Callable[[Sequence[Outcome]], bool]) -> l
 
 
 async def drain_with_a_lost_parking_reply(docket: Docket) -> tuple[list[str], list[int]]:
-    """Key a holds the slot of a limit of 1 for 300 ms; key b parks behind
+    """Key a holds the slot of a limit of 1 for ``HOLD_FOR`` and 300 ms; key b
+    waits in the worker for a's slot, then (waited ``HOLD_FOR``) parks behind
     it, and the reply saying so is lost; a's release wakes b before b's
-    acquisition is sent again (the retry delay is longer than a's run)."""
+    acquisition is sent again (the retry delay is longer than a's rest)."""
     ran: list[str] = []
 
     async def job(
@@ -55,13 +57,17 @@ async def drain_with_a_lost_parking_reply(docket: Docket) -> tuple[list[str], li
         limit: ConcurrencyLimit = ConcurrencyLimit("customer", max_concurrent=1),
     ) -> None:
         ran.append(name)
-        await anyio.sleep(0.3 if name == "a" else 0.01)
+        await anyio.sleep(HOLD_FOR + 0.3 if name == "a" else 0.01)
 
     docket.register(job)
     parked_once: list[bool] = []
 
     def lose(outcomes: Sequence[Outcome]) -> bool:
-        parks = any(isinstance(o, SlotAcquired) and not o.acquired for o in outcomes)
+        parks = any(
+            (isinstance(o, SlotAcquired) and not o.acquired)
+            or (isinstance(o, SlotStepped) and TAKE_PARKED in o.takes)
+            for o in outcomes
+        )
         if parks and not parked_once:
             parked_once.append(True)
             return True

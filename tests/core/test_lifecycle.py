@@ -87,6 +87,8 @@ def test_holding_and_executing_phases() -> None:
         Phase.CANCELLING,
         Phase.TIMING_OUT,
         Phase.ABANDONING,
+        Phase.EARLY_RUNNING,
+        Phase.EARLY_CANCELLING,
     }
     assert lifecycle.STOPPABLE == lifecycle.EXECUTING - {Phase.ABANDONING}
 

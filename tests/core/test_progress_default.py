@@ -32,7 +32,7 @@ def test_a_stored_record_without_a_total_reads_as_the_default() -> None:
 @pytest.mark.parametrize(
     ("script", "pattern"),
     [
-        ("claim.lua", r"'current', 0, 'total', (\d+)\)"),
+        ("prelude.lua", r"'current', 0, 'total', (\d+)\)"),
         ("progress.lua", r"r\[2\] or '(\d+)'"),
     ],
 )

@@ -6,10 +6,20 @@ store (the reference), crashes between them included."""
 from __future__ import annotations
 
 import pytest
-from machines import arrival, end, make_machine, of_type, recorded, reply, start
+from machines import (
+    arrival,
+    deliver,
+    end,
+    make_machine,
+    of_type,
+    recorded,
+    reply,
+    start,
+    start_limited,
+    stepped,
+)
 
 from docket_core.sansio.effects import (
-    AcquireSlot,
     ConfirmSlot,
     Enlist,
     Finish,
@@ -37,6 +47,7 @@ from docket_core.sansio.inputs import (
     WokeParked,
 )
 from docket_core.sansio.lifecycle import Phase
+from docket_core.sansio.local_slots import SlotStep
 from docket_core.sansio.scoped_slots import CHAIN, Answer, Link, chain_scope
 from docket_core.sansio.values import (
     ConcurrencyPolicy,
@@ -88,8 +99,9 @@ def test_a_scope_of_its_own_takes_the_chain_and_the_rest_the_one_script_path() -
     assert chain_scope(None, "A") is None
     for policy in (ConcurrencyPolicy(limit_key="L", max_concurrent=1), own):
         machine = machine_of("A")
-        (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=policy)))
-        assert isinstance(acquire, AcquireSlot) and acquire.scope == policy.scope
+        # (one step claims it into a slot: local_slots)
+        (step,) = deliver(machine, arrival("d1", policy=TaskPolicy(concurrency=policy)))
+        assert isinstance(step, SlotStep) and [t.limit_key for t in step.takes] == ["L"]
 
 
 # -- acquiring ----------------------------------------------------------------------
@@ -293,16 +305,11 @@ def test_a_one_script_release_that_woke_none_of_its_own_hands_on_to_a_docket() -
     """A docket's own limit is shared with dockets naming it as their scope:
     its release wakes their waiters too, in the docket's own namespace."""
     machine = machine_of("A")
-    (acquire,) = start(
-        machine,
-        arrival("d1", policy=TaskPolicy(concurrency=ONE_SCRIPT)),
-    )
-    assert isinstance(acquire, AcquireSlot)
-    reply(machine, acquire, _acquired("d1"))
-    finish, release = end(machine, "d1", TaskOutcome.SUCCEEDED, now=2.0)
-    recorded(machine, finish)
-    assert release.scope is None
-    (wake,) = reply(machine, release, SlotReleased(limit_key="L", woken=0, wake="B"))
+    start_limited(machine, arrival("d1", policy=TaskPolicy(concurrency=ONE_SCRIPT)))
+    (step,) = end(machine, "d1", TaskOutcome.SUCCEEDED, now=2.0)
+    assert isinstance(step, SlotStep) and step.release is not None
+    assert step.release.scope is None and step.finish is not None
+    (wake,) = reply(machine, step, stepped(step, wake="B"))
     assert wake == WakeParked(docket="B", scope="A", limit_key="L", now=0.0)
 
 

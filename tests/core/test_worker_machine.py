@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import pytest
 from machines import (
-    LIMIT,
     arrival,
     claim_all,
     deliver,
     end,
     make_machine,
-    message,
     of_type,
     recorded,
     reply,
@@ -19,14 +17,12 @@ from machines import (
 )
 
 from docket_core.sansio.effects import (
-    AcquireSlot,
     CancelTask,
     Claim,
     ClaimItem,
     ErrorResult,
     Finish,
     Heartbeat,
-    ReleaseSlot,
     RenewLeases,
     Schedule,
     SeedPerpetuals,
@@ -46,8 +42,6 @@ from docket_core.sansio.inputs import (
     LeasesRenewed,
     Scheduled,
     ShutdownRequested,
-    SlotAcquired,
-    SlotReleased,
     TaskEnded,
     TaskOutcome,
     Tick,
@@ -55,7 +49,6 @@ from docket_core.sansio.inputs import (
 from docket_core.sansio.lifecycle import Phase
 from docket_core.sansio.values import (
     ExecutionState,
-    HeldSlot,
     PerpetualPolicy,
     RetryPolicy,
     ScheduleMode,
@@ -784,145 +777,7 @@ def test_lease_lost_while_finishing_keeps_the_finish() -> None:
     assert machine.idle
 
 
-# -- concurrency limits ----------------------------------------------------------------------
-
-
-def test_a_limited_task_acquires_a_slot_first() -> None:
-    machine = make_machine(name="w7", redelivery_timeout=60.0)
-    effects = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)), now=2.0)
-    assert effects == [
-        AcquireSlot(
-            limit_key=LIMIT.limit_key,
-            holder="w7/d1",
-            max_concurrent=2,
-            now=2.0,
-            stale_after=60.0,
-            delivery_id="d1",
-            message=message("key-d1"),
-        )
-    ]
-    assert machine.in_flight["d1"].phase is Phase.ADMITTING
-    assert machine.holder("d1") == "w7/d1"
-    assert make_machine(name="w8").holder("d1") != machine.holder("d1")
-    assert machine.holder("d2") != machine.holder("d1")
-
-
-def test_a_parked_delivery_is_dropped_and_releases_nothing() -> None:
-    machine = make_machine()
-    (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
-    assert reply(machine, acquire, SlotAcquired(delivery_id="d1", acquired=False)) == []
-    assert machine.idle
-    assert machine.counters["parked"] == 1
-
-
-def test_an_acquired_slot_starts_the_task_and_is_released_after_the_finish() -> None:
-    machine = make_machine(redelivery_timeout=40.0, heartbeat_interval=1000.0)
-    machine.receive(Tick(now=0.0))
-    machine.effects()
-    (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
-    assert isinstance(acquire, AcquireSlot)
-    effects = reply(machine, acquire, SlotAcquired(delivery_id="d1", acquired=True), 1.0)
-    assert effects == [StartTask(delivery_id="d1")]
-    assert machine.in_flight["d1"].slot == LIMIT.limit_key
-    # the slot is renewed with the lease
-    machine.receive(Tick(now=10.0))
-    (renew,) = machine.effects()
-    assert isinstance(renew, RenewLeases)
-    assert renew.slots == (HeldSlot(limit_key=LIMIT.limit_key, holder=acquire.holder),)
-    effects = end(machine, "d1", TaskOutcome.SUCCEEDED, 12.0)
-    assert [type(e) for e in effects] == [Finish, ReleaseSlot]
-    assert effects[1] == ReleaseSlot(limit_key=LIMIT.limit_key, holder=acquire.holder, now=12.0)
-    machine.store_replied(
-        effects,  # type: ignore[arg-type]
-        [
-            Finished(delivery_id="d1", recorded=True),
-            SlotReleased(limit_key=LIMIT.limit_key, woken=0),
-        ],
-        12.0,
-    )
-    assert machine.effects() == []
-    assert machine.idle
-
-
-def test_an_acquired_slot_is_released_after_the_retry_is_scheduled() -> None:
-    machine = make_machine()
-    policy = TaskPolicy(concurrency=LIMIT, retry=RetryPolicy(attempts=2, delay=1.0))
-    (acquire,) = start(machine, arrival("d1", policy=policy))
-    reply(machine, acquire, SlotAcquired(delivery_id="d1", acquired=True))
-    effects = end(machine, "d1", TaskOutcome.FAILED, 1.0)
-    assert [type(e) for e in effects] == [Schedule, ReleaseSlot]
-
-
-def test_an_abandoned_slot_holder_still_releases_its_slot() -> None:
-    machine = make_machine()
-    (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
-    reply(machine, acquire, SlotAcquired(delivery_id="d1", acquired=True))
-    renew = RenewLeases(worker="w1", delivery_ids=("d1",), slots=(), now=1.0)
-    reply(machine, renew, LeasesRenewed(lost=("d1",)), 1.0)
-    effects = end(machine, "d1", TaskOutcome.CANCELLED, 2.0)
-    assert effects == [ReleaseSlot(limit_key=LIMIT.limit_key, holder="w1/d1", now=2.0)]
-
-
-def test_a_delivery_that_never_acquired_never_releases() -> None:
-    machine = make_machine()
-    (claim,) = deliver(
-        machine,
-        arrival("d1", policy=TaskPolicy(concurrency=LIMIT)),
-        arrival("d2", policy=TaskPolicy(concurrency=LIMIT)),
-    )
-    effects = claim_all(machine, claim)
-    acquires = of_type(effects, AcquireSlot)
-    assert len(acquires) == 2
-    machine.store_replied(
-        acquires,
-        [
-            SlotAcquired(delivery_id="d1", acquired=False),
-            SlotAcquired(delivery_id="d2", acquired=True),
-        ],
-        1.0,
-    )
-    assert machine.effects() == [StartTask(delivery_id="d2")]
-    effects = end(machine, "d2", TaskOutcome.SUCCEEDED, 2.0)
-    assert of_type(effects, ReleaseSlot) == [
-        ReleaseSlot(limit_key=LIMIT.limit_key, holder="w1/d2", now=2.0)
-    ]
-    # a rejected (struck) limited delivery never asks for a slot, so never releases one
-    effects = deliver(machine, arrival("d3", policy=TaskPolicy(concurrency=LIMIT), struck=True))
-    assert of_type(effects, ReleaseSlot) == []
-    assert of_type(effects, AcquireSlot) == []
-
-
-def test_a_lost_claim_of_a_limited_task_never_asks_for_a_slot() -> None:
-    machine = make_machine()
-    (claim,) = deliver(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
-    assert claim_all(machine, claim, verdict=ClaimVerdict.SUPERSEDED) == []
-    assert machine.idle
-
-
-def test_cancel_while_admitting_then_acquired_never_starts() -> None:
-    machine = make_machine()
-    (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
-    machine.receive(CancelRequested(key="key-d1", now=1.0))
-    assert machine.effects() == []  # nothing runs yet, nothing to cancel
-    assert machine.in_flight["d1"].phase is Phase.ADMITTING_CANCELLED
-    effects = reply(machine, acquire, SlotAcquired(delivery_id="d1", acquired=True), 2.0)
-    assert of_type(effects, StartTask) == []
-    assert [type(e) for e in effects] == [Finish, ReleaseSlot]
-    finish, release = effects
-    assert release == ReleaseSlot(limit_key=LIMIT.limit_key, holder="w1/d1", now=2.0)
-    assert isinstance(finish, Finish)
-    assert finish.state is ExecutionState.CANCELLED
-    assert machine.counters["started"] == 0
-    recorded(machine, finish, 2.0)
-    assert machine.idle
-
-
-def test_cancel_while_admitting_then_parked_is_dropped() -> None:
-    machine = make_machine()
-    (acquire,) = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)))
-    machine.receive(CancelRequested(key="key-d1", now=1.0))
-    assert reply(machine, acquire, SlotAcquired(delivery_id="d1", acquired=False)) == []
-    assert machine.idle
+# -- concurrency limits: test_worker_machine_slot_steps.py ---------------------------------
 
 
 # -- capacity, heartbeats and shutdown --------------------------------------------------------

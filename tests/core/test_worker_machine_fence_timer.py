@@ -7,10 +7,10 @@ two runs under a limit of one)."""
 from __future__ import annotations
 
 import pytest
-from machines import LIMIT, arrival, of_type, reply, start
+from machines import LIMIT, arrival, of_type, start_limited
 
-from docket_core.sansio.effects import AcquireSlot, CancelTask, StopReason, StoreEffect
-from docket_core.sansio.inputs import ReplyLost, SlotAcquired, Tick
+from docket_core.sansio.effects import CancelTask, StopReason, StoreEffect
+from docket_core.sansio.inputs import ReplyLost, Tick
 from docket_core.sansio.values import TaskPolicy
 from docket_core.sansio.worker import WorkerConfig, WorkerMachine
 
@@ -26,9 +26,7 @@ def test_runs_are_fenced_on_time_when_every_batch_is_lost(
     machine = WorkerMachine(config, 0.0)
     machine.receive(Tick(now=0.0))
     machine.effects()
-    effects = start(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)), now=taken_at)
-    (acquire,) = of_type(effects, AcquireSlot)
-    reply(machine, acquire, SlotAcquired(delivery_id="d1", acquired=True), taken_at)
+    start_limited(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)), now=taken_at)
 
     now, fenced_at = taken_at, None
     while fenced_at is None and now < taken_at + config.redelivery_timeout:

@@ -4,12 +4,12 @@ The store remembers a worker's outcomes for ``remember`` (more than two
 resend windows) after its last request; a worker that stalls between a lost
 reply and its resend (a pause, a clock jump) may find them forgotten, and a
 forgotten resend acts again.  Seed 413 of the simulator: a resent acquisition
-that had parked its delivery parked it a second time, after a release had
-queued it again (queued and parked at once: a second run)."""
+(today a step's take) that had parked its delivery parked it a second time,
+after a release had queued it again (queued and parked at once: a second run)."""
 
 from __future__ import annotations
 
-from machines import LIMIT, arrival, deliver, make_machine, of_type, start
+from machines import LIMIT, arrival, deliver, make_machine, of_type
 
 from docket_core.sansio.decisions import plan_add
 from docket_core.sansio.effects import (
@@ -19,7 +19,8 @@ from docket_core.sansio.effects import (
     StartTask,
     StoreEffect,
 )
-from docket_core.sansio.inputs import Arrival, Delivered, ReplyLost, SlotAcquired, Tick
+from docket_core.sansio.inputs import Arrival, Delivered, ReplyLost, Tick
+from docket_core.sansio.local_slots import TAKE_PARKED, SlotStep, SlotStepped
 from docket_core.sansio.values import ConcurrencyPolicy, ScheduleMode, TaskMessage, TaskPolicy
 from docket_memory.shelf import Shelf
 from docket_memory.simulate import drive
@@ -32,14 +33,14 @@ ONE = ConcurrencyPolicy(limit_key="one", max_concurrent=1)
 
 def test_a_resend_due_past_the_window_is_given_up_not_sent() -> None:
     machine = make_machine(retry_delay=0.5, redelivery_timeout=5.0)
-    (acquire,) = of_type(start(machine, arrival("d1", policy=LIMITED), now=0.0), AcquireSlot)
-    machine.receive(ReplyLost(effects=(acquire,), now=0.0, reason="gone"))
+    (step,) = deliver(machine, arrival("d1", policy=LIMITED), now=0.0)
+    machine.receive(ReplyLost(effects=(step,), now=0.0, reason="gone"))
     # held back behind the lost batch
     assert deliver(machine, arrival("d2"), now=0.2) == []
     # due at 0.5, but the worker stalled until past the resend window
     machine.receive(Tick(now=14.0))
     effects = machine.effects()
-    assert of_type(effects, AcquireSlot) == []
+    assert of_type(effects, SlotStep) == []
     assert "d1" not in machine.in_flight  # left to the store
     assert machine.counters["given_up"] == 1
     # what waited behind it goes out now, stamped with the time it goes
@@ -52,12 +53,12 @@ def test_a_resend_in_time_is_still_sent_even_when_stopping() -> None:
     """The window is the store's memory: a stopping worker's one more try,
     a retry delay after the failure, still goes."""
     machine = make_machine(retry_delay=2.0, redelivery_timeout=5.0)
-    (acquire,) = of_type(start(machine, arrival("d1", policy=LIMITED), now=0.0), AcquireSlot)
-    machine.receive(ReplyLost(effects=(acquire,), now=0.0, reason="gone"))
+    (step,) = deliver(machine, arrival("d1", policy=LIMITED), now=0.0)
+    machine.receive(ReplyLost(effects=(step,), now=0.0, reason="gone"))
     machine.outbox.stop()
     machine.receive(Tick(now=2.0))
-    (again,) = of_type(machine.effects(), AcquireSlot)
-    assert again.request == acquire.request and again.now == 2.0
+    (again,) = of_type(machine.effects(), SlotStep)
+    assert again.request == step.request and again.now == 2.0
 
 
 def _read(store: MemoryStore, worker: str, now: float) -> list[Arrival]:
@@ -92,12 +93,11 @@ def test_a_stalled_worker_never_parks_a_woken_delivery_twice() -> None:
         machine.store_replied(effects, drive(store.execute(effects)), now)
 
     machine.receive(Delivered(arrivals=tuple(_read(store, "w1", 0.0)), now=0.0))
-    run(of_type(machine.effects(), StoreEffect), 0.0)  # claimed
-    (acquire,) = of_type(machine.effects(), AcquireSlot)
-    assert drive(store.execute([acquire])) == [
-        SlotAcquired(delivery_id=acquire.delivery_id, acquired=False)
+    (step,) = of_type(machine.effects(), SlotStep)  # claimed and parked in one step
+    assert drive(store.execute([step])) == [
+        SlotStepped(takes=(TAKE_PARKED,))
     ]  # parked (and acknowledged), but the reply is lost
-    machine.receive(ReplyLost(effects=(acquire,), now=0.0, reason="gone"))
+    machine.receive(ReplyLost(effects=(step,), now=0.0, reason="gone"))
 
     # the slot frees (k is queued again), and a third run takes it
     release = ReleaseSlot(limit_key=ONE.limit_key, holder="other", now=1.0)

@@ -3,10 +3,9 @@ to send a batch again, with which ``now``, and when to give up or stop."""
 
 from __future__ import annotations
 
-from machines import LIMIT, arrival, deliver, end, make_machine, of_type
+from machines import LIMIT, arrival, deliver, end, make_machine, of_type, stepped
 
 from docket_core.sansio.effects import (
-    AcquireSlot,
     CancelTask,
     Claim,
     Finish,
@@ -20,12 +19,12 @@ from docket_core.sansio.inputs import (
     ClaimVerdict,
     LeasesRenewed,
     ReplyLost,
-    SlotAcquired,
     StoreFailed,
     TaskOutcome,
     Tick,
 )
 from docket_core.sansio.lifecycle import Phase
+from docket_core.sansio.local_slots import TAKE_LOST, SlotStep
 from docket_core.sansio.values import TaskPolicy
 
 
@@ -104,15 +103,11 @@ def test_a_batch_unanswered_past_the_window_is_given_up() -> None:
     assert machine.fatal is None
 
 
-def test_a_resent_acquisition_reported_lost_never_starts() -> None:
+def test_a_resent_take_reported_lost_never_starts() -> None:
     machine = make_machine()
-    (claim,) = deliver(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)), now=0.0)
-    machine.store_replied([claim], [Claimed(verdicts=(("d1", ClaimVerdict.CLAIMED),))], 0.0)
-    (acquire,) = machine.effects()
-    assert isinstance(acquire, AcquireSlot)
-    machine.store_replied(
-        [acquire], [SlotAcquired(delivery_id="d1", acquired=False, lost=True)], 1.0
-    )
+    (step,) = deliver(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)), now=0.0)
+    assert isinstance(step, SlotStep)
+    machine.store_replied([step], [stepped(step, TAKE_LOST)], 1.0)
     assert of_type(machine.effects(), StartTask) == []
     assert "d1" not in machine.in_flight  # left to the store: no acknowledgement
 

@@ -48,6 +48,7 @@ from docket_core.sansio.effects import (
     Effect,
     ReleaseSlot,
     RenewLeases,
+    Request,
     StartTask,
     StoreEffect,
     TakeSlot,
@@ -69,6 +70,7 @@ from docket_core.sansio.inputs import (
     Tick,
 )
 from docket_core.sansio.lifecycle import Phase
+from docket_core.sansio.local_slots import TAKE_ACQUIRED, TAKE_PARKED, SlotStep, SlotStepped
 from docket_core.sansio.values import (
     ConcurrencyPolicy,
     Delivery,
@@ -154,6 +156,8 @@ class ConcurrencyMachine(RuleBasedStateMachine):
         self.evicted: set[str] = set()
         self.parked = 0
         self.woken = 0
+        #: origin -> the request numbers of the steps sent (a resend releases nothing)
+        self.stepped: dict[str, set[int]] = {}
         #: workers that died between two steps of a chain
         self.chain_crashes = 0
         #: whether runtimes read by themselves after every step
@@ -226,9 +230,14 @@ class ConcurrencyMachine(RuleBasedStateMachine):
             for effect in sent:
                 if isinstance(effect, ReleaseSlot):
                     self.check_release(sim, effect)
+                elif isinstance(effect, SlotStep) and effect.release is not None:
+                    self.check_release(sim, effect.release, effect.request)
             outcomes = self.execute(sent)
             for effect, outcome in zip(sent, outcomes, strict=True):
-                if isinstance(effect, AcquireSlot | TakeSlot):
+                if isinstance(effect, SlotStep):
+                    assert isinstance(outcome, SlotStepped)
+                    self.check_step(effect, outcome)
+                elif isinstance(effect, AcquireSlot | TakeSlot):
                     assert isinstance(outcome, SlotAcquired | SlotTaken)
                     if outcome.acquired:
                         # a holder (worker/delivery) acquires again only once its previous
@@ -343,9 +352,13 @@ class ConcurrencyMachine(RuleBasedStateMachine):
 
     # -- invariants ----------------------------------------------------------------
 
-    def check_release(self, sim: Sim, effect: ReleaseSlot) -> None:
+    def check_release(self, sim: Sim, effect: ReleaseSlot, step: Request | None = None) -> None:
         if effect.pass_on:
             return  # a wake-up passed on: it releases nothing
+        if step is not None:  # (the release of a SlotStep: a resend of it releases nothing)
+            if step.seq in self.stepped.setdefault(step.origin, set()):
+                return
+            self.stepped[step.origin].add(step.seq)
         holder = effect.holder
         assert holder.startswith(f"{sim.name}/"), f"{sim.name} released {holder}'s slot"
         assert holder in self.acquired, f"{holder} released a slot it never acquired"
@@ -356,9 +369,30 @@ class ConcurrencyMachine(RuleBasedStateMachine):
         )
         self.released.add(holder)
 
+    def check_step(self, effect: SlotStep, outcome: SlotStepped) -> None:
+        """A step's takes, as ``AcquireSlot``'s acquisitions are checked (a take
+        after a release that woke a waiter parks behind it, free slot or not)."""
+        self.woken += outcome.woken
+        handed = bool(outcome.woken or outcome.wake)
+        for index, (take, answer) in enumerate(zip(effect.takes, outcome.takes, strict=True)):
+            holder = take.holder
+            if answer == TAKE_ACQUIRED:
+                holding = self.acquired - self.released - self.evicted
+                assert holder not in holding, "a holder acquired twice"
+                self.acquired.add(holder)
+                self.released.discard(holder)
+                self.evicted.discard(holder)
+            elif answer == TAKE_PARKED:
+                self.parked += 1
+                if not (index == 0 and handed):
+                    self.check_parked_in(take.limit_key, take.max_concurrent)
+
     def check_parked(self, effect: AcquireSlot | TakeSlot) -> None:
-        slots = self.slots_of(effect.limit_key)
-        assert len(slots) >= effect.max_concurrent, "parked although a slot was free"
+        self.check_parked_in(effect.limit_key, effect.max_concurrent)
+
+    def check_parked_in(self, limit_key: str, max_concurrent: int) -> None:
+        slots = self.slots_of(limit_key)
+        assert len(slots) >= max_concurrent, "parked although a slot was free"
         assert all(t > self.now - TIMEOUT for t in slots.values()), (
             "parked although a stale slot could be taken over"
         )
@@ -622,28 +656,29 @@ def test_the_properties_catch_a_release_by_a_blocked_delivery(
 ) -> None:
     """The pydocket 0.15 bug planted in the core: a parked delivery's cleanup
     releases a slot anyway.  The machine must notice."""
-    original = WorkerMachine._slot
+    original = WorkerMachine._stepped
 
-    def release_when_parked(self: WorkerMachine, outcome: SlotAcquired, now: float) -> None:
-        flight = self.in_flight.get(outcome.delivery_id)
-        original(self, outcome, now)
-        if flight is not None and not outcome.acquired and flight.policy.concurrency:
-            self._effects.append(
-                ReleaseSlot(
-                    limit_key=flight.policy.concurrency.limit_key,
-                    holder=self.holder(outcome.delivery_id),
-                    now=now,
+    def release_when_parked(
+        self: WorkerMachine, effect: SlotStep, outcome: SlotStepped, now: float
+    ) -> None:
+        original(self, effect, outcome, now)
+        for take, answer in zip(effect.takes, outcome.takes, strict=True):
+            if answer == TAKE_PARKED:
+                self._effects.append(
+                    ReleaseSlot(
+                        limit_key=take.limit_key, holder=self.holder(take.delivery_id), now=now
+                    )
                 )
-            )
 
-    monkeypatch.setattr(WorkerMachine, "_slot", release_when_parked)
+    monkeypatch.setattr(WorkerMachine, "_stepped", release_when_parked)
     with pytest.raises(AssertionError, match="never acquired"):
         run_state_machine_as_test(
             ConcurrencyMachine,
             settings=settings(
                 SETTINGS,
-                max_examples=300,
+                max_examples=1000,
                 database=None,
+                derandomize=True,
                 phases=[HypothesisPhase.generate],
                 print_blob=False,
                 report_multiple_bugs=False,

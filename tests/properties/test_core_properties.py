@@ -321,10 +321,15 @@ class Simulation:
         ]
         assert len(limited) <= LIMIT.max_concurrent, limited
         assert len(shelf.slots.get(LIMIT.limit_key, {})) <= LIMIT.max_concurrent
-        # every delivery a machine holds, the machine is running or finishing;
-        # the simulation settles claims and finishes synchronously
+        # every delivery a machine holds, the machine is running or finishing,
+        # or it waits in the worker for the slot of a run there
+        # (local_slots); the simulation settles claims and finishes synchronously
         for worker in self.workers:
             for delivery_id, flight in worker.machine.in_flight.items():
+                if delivery_id in worker.machine.local.waits:
+                    assert flight.phase is Phase.ARRIVED
+                    assert any(f.slot == LIMIT.limit_key for f in worker.machine.in_flight.values())
+                    continue
                 assert flight.phase in EXECUTING, (
                     worker.name,
                     delivery_id,

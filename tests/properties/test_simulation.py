@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from docket_core.sansio.effects import AcquireSlot, Effect, ReleaseSlot
+from docket_core.sansio.effects import Effect, ReleaseSlot
 from docket_core.sansio.inputs import SlotAcquired
 from docket_core.sansio.outbox import Outbox
 from docket_core.sansio.worker import InFlight, WorkerMachine
-from docket_memory import simulate
+from docket_memory import simulate, slots
 from docket_memory.shelf import Pool, Shelf
 from docket_memory.simulate import InvariantViolated, Simulation
 from docket_memory.store import MemoryStore
@@ -43,13 +43,9 @@ def _run_until_violation(seeds: range, steps: int, remember_outcomes: bool = Tru
 
 
 def test_a_store_that_ignores_limits_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    def always_acquire(self: MemoryStore, effect: AcquireSlot) -> SlotAcquired:
-        self.shelf.pool(effect.scope).slots.setdefault(effect.limit_key, {})[effect.holder] = (
-            effect.now
-        )
-        return SlotAcquired(delivery_id=effect.delivery_id, acquired=True)
-
-    monkeypatch.setattr(MemoryStore, "_acquire", always_acquire)
+    """Planted: every acquisition (``AcquireSlot``, or a ``SlotStep``'s take)
+    finds a slot."""
+    monkeypatch.setattr(slots, "_take_from", lambda *arguments: True)
     assert "tasks run under" in _run_until_violation(range(5), 3000)
 
 
@@ -145,7 +141,9 @@ def test_a_machine_that_resends_its_first_now_is_caught(monkeypatch: pytest.Monk
     monkeypatch.setattr(MemoryStore, "_holds", lambda self, request, delivery_id: True)
     monkeypatch.setattr(MemoryStore, "_sender_holds", lambda self, request, delivery_id: True)
     violation = _run_until_violation(range(60), 3000, remember_outcomes=False)
-    assert "runs while it" in violation or "queued twice" in violation
+    # (or a resent admission admitted a second start)
+    symptoms = ("runs while it", "queued twice", "admitted two starts")
+    assert any(symptom in violation for symptom in symptoms), violation
 
 
 def test_lost_replies_are_resent_in_the_simulation() -> None:

@@ -1,0 +1,170 @@
+"""Leases in the worker machine (``LeaseSteps``, mixed into ``WorkerMachine``).
+
+Theory of operation
+-------------------
+Every delivery a worker holds (``lifecycle.HOLDING``) is leased: the store
+hands it to another worker once it has gone ``redelivery_timeout`` without a
+renewal.  The machine renews them all every ``renew_interval``
+(``RenewLeases``); the store answers with the ones it no longer holds for
+this worker, and each of those is ``lease_lost``: a run stops
+(``CancelTask``) and ends unrecorded, a delivery still waiting for the store
+never starts.
+
+A renewal the store does not answer confirms nothing: once this worker's
+last confirmed renewal is ``fence_after`` old, it stops those runs itself
+(``_fence``), a renewal interval before another worker may take them over.
+A batch the store never answered within the resend window is given up
+(``_give_up``): its deliveries are left to the store, which hands them out
+again once their leases lapse; a run that started with its claim
+(``EARLY_RUNNING``) is stopped, since the store never said it may run.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Protocol
+
+from . import lifecycle
+from .admission import Admit
+from .effects import (
+    AcquireSlot,
+    Claim,
+    ConfirmSlot,
+    Effect,
+    Finish,
+    Park,
+    RenewLeases,
+    Schedule,
+    StopReason,
+    StoreEffect,
+    TakeSlot,
+)
+from .flight import Count, InFlight, WorkerConfig
+from .inputs import ReplyLost, StoreFailed
+from .lifecycle import Phase, Step
+from .local_slots import SlotStep
+from .outbox import Outbox
+from .scoped_slots import ReleaseChains
+from .stopping import stop_task
+from .values import HeldSlot
+
+
+class _Machine(Protocol):
+    """What ``LeaseSteps`` needs of the worker machine it is mixed into."""
+
+    config: WorkerConfig
+    in_flight: dict[str, InFlight]
+    counters: Counter[Count]
+    outbox: Outbox
+    chains: ReleaseChains
+    _effects: list[Effect]
+    _leases_confirmed_at: float
+    _fence_at: float
+    _next_renewal: float
+
+    def _held_slots(self) -> tuple[HeldSlot, ...]: ...
+
+    def _maybe_goodbye(self, now: float) -> None: ...
+
+    def _lease_lost(self, delivery_id: str) -> None: ...
+
+    def _give_up(self, effects: Sequence[StoreEffect], now: float) -> None: ...
+
+    def _step_given_up(self, effect: SlotStep) -> None: ...
+
+
+class LeaseSteps:
+    """The worker machine's steps on leases: renewing, fencing, losing them,
+    and giving up what the store never answered."""
+
+    def _lease_lost(self: _Machine, delivery_id: str) -> None:
+        flight = self.in_flight.get(delivery_id)
+        if flight is None:
+            return
+        was_stoppable = flight.phase in lifecycle.STOPPABLE
+        flight.phase = lifecycle.advance(flight.phase, Step.LEASE_LOST)
+        self.counters[Count.LEASE_LOST] += 1
+        if was_stoppable:
+            self._effects.append(stop_task(delivery_id, StopReason.LEASE_LOST, flight.message))
+
+    def _store_failed(self: _Machine, event: ReplyLost | StoreFailed) -> None:
+        self.counters[Count.STORE_ERRORS] += 1
+        given_up = self.outbox.failed(event)
+        if given_up:
+            self._give_up(given_up, event.now)
+
+    def _give_up(self: _Machine, effects: Sequence[StoreEffect], now: float) -> None:
+        """Leave the deliveries of a batch the store never answered to the
+        store: it hands them out again once their leases lapse."""
+        self.counters[Count.GIVEN_UP] += len(effects)
+        for effect in effects:
+            if isinstance(effect, Claim):
+                ids: tuple[str | None, ...] = tuple(item.delivery_id for item in effect.items)
+            elif isinstance(effect, TakeSlot) and self.chains.owns(effect):
+                self.chains.given_up(effect)
+                continue
+            elif isinstance(effect, Finish | AcquireSlot | Admit | TakeSlot | ConfirmSlot | Park):
+                ids = (effect.delivery_id,)
+            elif isinstance(effect, Schedule):
+                ids = (effect.acknowledge,)
+            elif isinstance(effect, SlotStep):  # (local_slots)
+                ids = effect.delivery_ids
+                self._step_given_up(effect)
+                if effect.release is not None:
+                    self.chains.given_up(effect.release)
+            else:
+                # a release, a chain's link, a renewal or a heartbeat: leases
+                # and the parked keys' retry times settle it
+                self.chains.given_up(effect)
+                continue
+            for delivery_id in ids:
+                flight = self.in_flight.get(delivery_id) if delivery_id else None
+                if flight is not None and lifecycle.allows(flight.phase, Step.GIVEN_UP):
+                    was = flight.phase
+                    flight.phase = lifecycle.advance(was, Step.GIVEN_UP)
+                    if flight.phase is Phase.DONE:
+                        del self.in_flight[flight.delivery_id]
+                    elif was is Phase.EARLY_RUNNING:  # (its claim never answered: stop it)
+                        stop = stop_task(flight.delivery_id, StopReason.LEASE_LOST, flight.message)
+                        self._effects.append(stop)
+        self._maybe_goodbye(now)
+
+    def _renewed(self: _Machine, effect: RenewLeases) -> None:
+        self._leases_confirmed_at = max(self._leases_confirmed_at, effect.now)
+        for delivery_id in effect.delivery_ids:
+            flight = self.in_flight.get(delivery_id)
+            if flight is not None:
+                flight.renewed_at = max(flight.renewed_at, effect.now)
+
+    def _fence(self: _Machine, now: float) -> None:
+        """Stop every run whose lease this worker could not renew in time
+        (the store did not answer): another worker may own it by now."""
+        # (deadlines computed as the timer's, so that the timer's tick fences)
+        fence_after = self.config.fence_after
+        self._fence_at = self._leases_confirmed_at + fence_after
+        if self._fence_at > now:
+            return
+        self._fence_at = float("inf")
+        for flight in list(self.in_flight.values()):
+            if flight.phase not in lifecycle.HOLDING:
+                continue
+            due = flight.renewed_at + fence_after
+            if due <= now:
+                self.counters[Count.FENCED] += 1
+                flight.slot = None
+                self._lease_lost(flight.delivery_id)
+            else:
+                self._fence_at = min(self._fence_at, due)
+
+    def _renew(self: _Machine, now: float) -> None:
+        self._next_renewal = now + self.config.renew_interval
+        held = tuple(f.delivery_id for f in self.in_flight.values() if f.phase in lifecycle.HOLDING)
+        slots = self._held_slots()
+        if held or slots:
+            self._effects.append(
+                RenewLeases(worker=self.config.name, delivery_ids=held, slots=slots, now=now)
+            )
+
+
+__all__ = ["LeaseSteps"]
