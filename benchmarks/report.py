@@ -464,6 +464,10 @@ def write_reports(raw: dict[str, Any], out: Path) -> None:
     """Render a run's raw results (what ``<out>.json`` holds) into ``<out>.md``,
     ``<out>-readme.md`` and ``<out>.png``, and print the tables."""
     runs = {(r["system"], r["profile"], r["workload"]): r["results"] for r in raw["runs"]}
+    # (a run saved before these fields were recorded: its rows in run order)
+    raw.setdefault("order", list(dict.fromkeys((r["system"], r["profile"]) for r in raw["runs"])))
+    raw.setdefault("date", "date not recorded")
+    raw.setdefault("machine_short", raw.get("machine", "machine not recorded"))
     n = raw["n"]
     report = Report(summarize(runs, n), [(k[0], k[1]) for k in raw["order"]], n)
     header = (
