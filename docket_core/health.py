@@ -17,12 +17,19 @@ store answers.  Only ``READY`` answers 200; every other state answers 503.
 from __future__ import annotations
 
 import enum
+import signal
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["Health", "HealthState", "close_healthcheck", "serve_healthcheck"]
+import anyio
+
+__all__ = ["Health", "HealthState", "close_healthcheck", "serve_healthcheck", "stop_signals"]
+
+#: the signals that drain a worker (a second one stops it at once)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Health(enum.Enum):
@@ -149,3 +156,25 @@ def close_healthcheck(server: ThreadingHTTPServer) -> None:
     """Stop serving and free the port (blocks until the serving thread ends)."""
     server.shutdown()
     server.server_close()
+
+
+@contextmanager
+def stop_signals(
+    owned: bool, health: HealthState
+) -> Iterator[AsyncIterator[signal.Signals] | None]:
+    """Install the handlers of the stop signals for one worker run, when it
+    ``owned`` them, and put back what was there after: asyncio resets a
+    handler it removes to the default, and SIGTERM would then kill the
+    process while it closes its docket."""
+    if not owned:
+        yield None
+        return
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    try:
+        with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+            health.signals_installed()
+            yield signals
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)

@@ -28,8 +28,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from functools import partial
 from types import TracebackType
@@ -42,7 +41,7 @@ from . import dependencies, instrumentation, worker_logs
 from .dependencies import validate as validate_task
 from .docket import Docket
 from .execution import Execution
-from .health import Health, HealthState, close_healthcheck, serve_healthcheck
+from .health import Health, HealthState, close_healthcheck, serve_healthcheck, stop_signals
 from .perpetual import first_run
 from .running import Runner, decode, loop_options
 from .sansio.admission import Blocked, blocked_message
@@ -68,7 +67,6 @@ from .shared import SharedScope, open_scope, validate_worker_dependencies
 logger = logging.getLogger("docket.worker")
 
 #: the signals that stop a worker (the second one at once), and what it says
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _SIGNALLED = {False: ": draining", True: " again: stopping"}
 
 #: how often automatic perpetual tasks are added again, as pydocket does
@@ -260,7 +258,7 @@ class Worker:
         health.begin(signals=self._owns_signals)
         try:
             # the handlers go in before anything else: once ready, a signal drains
-            with self._stop_signals() as signals:
+            with stop_signals(self._owns_signals, self._health) as signals:
                 if self.shared_scope is not None:
                     await self._work(until_finished, signals)
                 else:  # (not entered: the scope lives as long as this run)
@@ -614,25 +612,6 @@ class Worker:
     def _owns_signals(self) -> bool:
         """Whether this run handles SIGTERM and SIGINT (only the main thread may)."""
         return self.handle_signals and threading.current_thread() is threading.main_thread()
-
-    @contextmanager
-    def _stop_signals(self) -> Iterator[AsyncIterator[signal.Signals] | None]:
-        """Install the handlers of the stop signals for one run, when this
-        worker owns them, and put back what was there after: asyncio resets
-        a handler it removes to the default, and SIGTERM would then kill the
-        process while it closes its docket."""
-        if not self._owns_signals:
-            yield None
-            return
-        previous = {signum: signal.getsignal(signum) for signum in _STOP_SIGNALS}
-        try:
-            with anyio.open_signal_receiver(*_STOP_SIGNALS) as signals:
-                self._health.signals_installed()
-                yield signals
-        finally:
-            for signum, handler in previous.items():
-                if handler is not None:
-                    signal.signal(signum, handler)
 
     async def _signals(self, signals: AsyncIterator[signal.Signals]) -> None:
         """The first stop signal drains the worker; the next stops it at once

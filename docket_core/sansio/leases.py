@@ -34,14 +34,16 @@ from .effects import (
     Effect,
     Finish,
     Park,
+    ReleaseSlot,
     RenewLeases,
     Schedule,
     StopReason,
     StoreEffect,
     TakeSlot,
 )
+from .errors import InternalError
 from .flight import Count, InFlight, WorkerConfig
-from .inputs import ReplyLost, StoreFailed
+from .inputs import ClaimVerdict, ReplyLost, StoreFailed, TaskEnded, TaskOutcome
 from .lifecycle import Phase, Step
 from .local_slots import SlotStep
 from .outbox import Outbox
@@ -73,10 +75,42 @@ class _Machine(Protocol):
 
     def _step_given_up(self, effect: SlotStep) -> None: ...
 
+    def _end(
+        self,
+        flight: InFlight,
+        event: TaskEnded,
+        outcome: TaskOutcome,
+        error: str | None,
+        cancelled: bool,
+        release: ReleaseSlot | None,
+    ) -> None: ...
+
 
 class LeaseSteps:
     """The worker machine's steps on leases: renewing, fencing, losing them,
-    and giving up what the store never answered."""
+    and giving up what the store never answered; and the verdict of a claim
+    whose run started with it."""
+
+    def _early_verdict(self: _Machine, flight: InFlight, verdict: ClaimVerdict, now: float) -> None:
+        """The claim of a run that started with it: ``claimed`` confirms the
+        run (and records an end that waited for it); any other verdict voids
+        it, as a cancel just after the start would have: the function is
+        stopped, nothing is recorded (the store settled the message)."""
+        claimed = verdict is ClaimVerdict.CLAIMED
+        was = flight.phase
+        phase = flight.phase = lifecycle.advance(was, Step.CLAIMED if claimed else Step.CLAIM_LOST)
+        if phase is Phase.FINISHING:
+            ended, flight.ended = flight.ended, None
+            if ended is None:
+                raise InternalError(f"no end kept for delivery {flight.delivery_id!r}")
+            cancelled = was is Phase.EARLY_CANCELLED
+            self._end(flight, ended, ended.outcome, ended.error, cancelled, None)
+        elif phase is Phase.DONE:
+            flight.ended = None
+            del self.in_flight[flight.delivery_id]
+        elif phase is Phase.ABANDONING and was is Phase.EARLY_RUNNING:
+            reason = StopReason.LEASE_LOST if verdict is ClaimVerdict.LOST else StopReason.CANCELLED
+            self._effects.append(stop_task(flight.delivery_id, reason, flight.message))
 
     def _lease_lost(self: _Machine, delivery_id: str) -> None:
         flight = self.in_flight.get(delivery_id)

@@ -492,27 +492,6 @@ class WorkerMachine(SlotSteps, LeaseSteps):
             else:
                 self._effects.append(self._acquire(flight, now))
 
-    def _early_verdict(self, flight: InFlight, verdict: ClaimVerdict, now: float) -> None:
-        """The claim of a run that started with it: ``claimed`` confirms the
-        run (and records an end that waited for it); any other verdict voids
-        it, as a cancel just after the start would have: the function is
-        stopped, nothing is recorded (the store settled the message)."""
-        claimed = verdict is ClaimVerdict.CLAIMED
-        was = flight.phase
-        phase = flight.phase = lifecycle.advance(was, Step.CLAIMED if claimed else Step.CLAIM_LOST)
-        if phase is Phase.FINISHING:
-            ended, flight.ended = flight.ended, None
-            if ended is None:
-                raise InternalError(f"no end kept for delivery {flight.delivery_id!r}")
-            cancelled = was is Phase.EARLY_CANCELLED
-            self._end(flight, ended, ended.outcome, ended.error, cancelled, None)
-        elif phase is Phase.DONE:
-            flight.ended = None
-            del self.in_flight[flight.delivery_id]
-        elif phase is Phase.ABANDONING and was is _EARLY_RUNNING:
-            reason = StopReason.LEASE_LOST if verdict is ClaimVerdict.LOST else StopReason.CANCELLED
-            self._effects.append(stop_task(flight.delivery_id, reason, flight.message))
-
     def _admitted(self, effect: Admit, outcome: Admitted, now: float) -> None:
         flight = self.in_flight.get(outcome.delivery_id)
         if flight is None:
