@@ -60,6 +60,8 @@ class Held:
     worker: str
     delivered_at: float
     renewed_at: float
+    #: handed out more than once (a lease taken over, a read recovered)
+    redelivered: bool = False
 
 
 @attrs.define(slots=True, eq=False)
@@ -395,6 +397,7 @@ class Shelf:
             for delivery_id, held in self.held.items():
                 if held.worker == worker:
                     held.renewed_at = now
+                    held.redelivered = True
                     deliveries.append(
                         Delivery(delivery_id=delivery_id, message=held.message, redelivered=True)
                     )
@@ -409,6 +412,7 @@ class Shelf:
                 if held.renewed_at <= cutoff:
                     held.worker = worker
                     held.renewed_at = now
+                    held.redelivered = True
                     deliveries.append(
                         Delivery(delivery_id=delivery_id, message=held.message, redelivered=True)
                     )

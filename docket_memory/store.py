@@ -286,7 +286,10 @@ class MemoryStore:
                     worker=effect.worker,
                     started_at=effect.now,
                 )
-                shelf.progress[item.key] = ProgressRecord()
+                if held.redelivered:
+                    shelf.progress[item.key] = ProgressRecord()
+                else:  # (its run may have started with the claim, and reported)
+                    shelf.progress.setdefault(item.key, ProgressRecord())
                 shelf.publish_state(
                     item.key, ExecutionState.RUNNING, worker=effect.worker, started_at=effect.now
                 )

@@ -51,7 +51,7 @@ for i = 7, #ARGV, 3 do
     end
     if verdict == 'claimed' then
       claimed[#claimed + 1] = id
-      mark_running(run, key, worker, now)
+      mark_running(run, key, worker, now, held[id] == 1)
     elseif id ~= '' then
       acked[#acked + 1] = id
       gone[id] = true

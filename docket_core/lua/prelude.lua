@@ -233,8 +233,9 @@ local function holder_of(id)
   if ok and pending[1] then return pending[1][2] end
   return false
 end
--- the ids of `ids` that consumer `worker` holds, as a set, from one read of
--- its deliveries between the lowest and the highest of them.  One it holds
+-- the ids of `ids` that consumer `worker` holds, each mapped to how many
+-- times the store handed it out, from one read of its deliveries between
+-- the lowest and the highest of them.  One it holds
 -- may be missing (a read of at most #ids + 100 entries did not reach it, or
 -- an id is malformed): callers ask holder_of about the ids the set lacks
 local function held_by(worker, ids)
@@ -253,19 +254,28 @@ local function held_by(worker, ids)
   if not low then return held end
   local ok, pending = pcall(redis.call, 'XPENDING', Q, GROUP, lows, highs, #ids + 100, worker)
   if ok then
-    for _, entry in ipairs(pending) do held[entry[1]] = true end
+    for _, entry in ipairs(pending) do held[entry[1]] = tonumber(entry[4]) or 2 end
   end
   return held
 end
 
 -- a claimed delivery's record: running on `worker` since `now`, its
--- progress reset, and the state published (claim.lua, step.lua)
-local function mark_running(run, key, worker, now)
+-- progress reset, and the state published (claim.lua, step.lua).  `fresh`:
+-- the delivery was handed out once (its key's progress was cleared when it
+-- was queued), and its run may have started with the claim and reported
+-- progress already: the progress is only filled in where missing
+local function mark_running(run, key, worker, now, fresh)
   redis.call('HSET', run, 'state', 'running', 'worker', worker, 'started', now)
   redis.call('HDEL', run, 'sid')
-  redis.call('DEL', prog_key(key))
+  local progress = prog_key(key)
   -- 100: DEFAULT_PROGRESS_TOTAL (docket_core/sansio/values.py)
-  redis.call('HSET', prog_key(key), 'current', 0, 'total', 100)
+  if fresh then
+    redis.call('HSETNX', progress, 'current', 0)
+    redis.call('HSETNX', progress, 'total', 100)
+  else
+    redis.call('DEL', progress)
+    redis.call('HSET', progress, 'current', 0, 'total', 100)
+  end
   publish(key, {type = 'state', state = 'running', worker = worker,
                 started_at = tonumber(now)})
 end

@@ -133,7 +133,7 @@ local function claim_and_take(t, s, park)
     if maybe_waiting == nil then maybe_waiting = redis.call('EXISTS', P .. ':stale') == 1 end
     if maybe_waiting then restale_waiting(P, limit) end
     taken[#taken + 1] = id
-    mark_running(run, key, WORKER, now)
+    mark_running(run, key, WORKER, now, false)
     return SLOT
   end
   -- park: the delivery is acknowledged and the key waits at the tail

@@ -16,6 +16,8 @@ from helpers import Now, finish, key, running
 
 from docket_core import Disposition, Docket, Execution, ExecutionState, Progress, Worker
 from docket_core.execution import ExecutionProgress
+from docket_core.sansio.effects import Claim, ClaimItem
+from docket_core.sansio.inputs import Claimed, ClaimVerdict
 
 pytestmark = pytest.mark.anyio
 
@@ -244,3 +246,36 @@ async def test_subscribe_sees_scheduled_then_queued(
 
     assert states[0] == "scheduled"
     assert states[-3:] == ["queued", "running", "completed"]
+
+
+async def test_a_claim_keeps_the_progress_a_run_that_started_with_it_reported(
+    docket: Docket,
+) -> None:
+    # a fresh delivery's run starts with its claim, and may report progress
+    # before the claim reaches the store: the claim must not reset it; a
+    # delivery handed out again starts from the default
+    async def job() -> None:
+        pass
+
+    docket.register(job)
+    await docket.add(job, key="k")()
+    adapter = docket.adapter
+    now = datetime.now(UTC).timestamp()
+
+    async def claim(worker: str, recover: bool) -> None:
+        read = await adapter.read(
+            worker=worker, count=1, now=now, redelivery_timeout=60.0, block=0.0, recover=recover
+        )
+        (delivery,) = read.deliveries
+        generation = delivery.message.generation
+        await adapter.report_progress("k", now=now, generation=generation, total=10, current=3)
+        item = ClaimItem(delivery_id=delivery.delivery_id, key="k", generation=generation)
+        (claimed,) = await adapter.execute([Claim(worker=worker, items=(item,), now=now)])
+        assert claimed == Claimed(verdicts=((delivery.delivery_id, ClaimVerdict.CLAIMED),))
+
+    await claim("w1", recover=False)
+    progress = await adapter.get_progress("k")
+    assert progress is not None and (progress.current, progress.total) == (3, 10)
+    await claim("w1", recover=True)  # (handed to it again, after a lost read)
+    progress = await adapter.get_progress("k")
+    assert progress is not None and (progress.current, progress.total) == (0, 100)
