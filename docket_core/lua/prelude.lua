@@ -270,8 +270,9 @@ local function mark_running(run, key, worker, now, fresh)
   local progress = prog_key(key)
   -- 100: DEFAULT_PROGRESS_TOTAL (docket_core/sansio/values.py)
   if fresh then
-    redis.call('HSETNX', progress, 'current', 0)
-    redis.call('HSETNX', progress, 'total', 100)
+    local have = redis.call('HMGET', progress, 'current', 'total')
+    if not have[1] then redis.call('HSET', progress, 'current', 0) end
+    if not have[2] then redis.call('HSET', progress, 'total', 100) end
   else
     redis.call('DEL', progress)
     redis.call('HSET', progress, 'current', 0, 'total', 100)
