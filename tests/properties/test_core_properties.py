@@ -3,69 +3,43 @@
 A synchronous simulation: one ``MemoryStore`` on a fresh ``Shelf``, a virtual
 clock, and a few ``WorkerMachine``s whose "running" tasks are just entries in
 a dict.  The memory store's coroutines never suspend with ``block=0``, so they
-are driven to completion with ``run``.  Hypothesis picks the order of events;
+are driven to completion with ``run`` (the world of ``core_harness``,
+which ``test_early_start_properties`` drives too).  Hypothesis picks the order of events;
 after every step the invariants below are checked, and ``teardown`` drains
 everything and checks that no accepted task was lost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
-from typing import Any, TypeVar
-
-import attrs
 import pytest
+from core_harness import (
+    MACHINE_SETTINGS,
+    REDELIVERY,
+    START,
+    TTL,
+    Running,
+    SimWorker,
+    World,
+    WorldMachine,
+    run,
+)
 from hypothesis import HealthCheck, settings
 from hypothesis import Phase as Stage
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
 
-from docket_core.sansio.decisions import plan_add
-from docket_core.sansio.effects import (
-    Cancel,
-    CancelTask,
-    Effect,
-    StartTask,
-    StopReason,
-    StoreEffect,
-)
-from docket_core.sansio.inputs import (
-    Arrival,
-    CancelRequested,
-    Delivered,
-    Scheduled,
-    TaskEnded,
-    TaskOutcome,
-    Tick,
-)
+from docket_core.sansio.effects import Effect, StopReason, StoreEffect
+from docket_core.sansio.inputs import Delivered, TaskOutcome
 from docket_core.sansio.lifecycle import Phase
 from docket_core.sansio.values import (
     ConcurrencyPolicy,
-    Delivery,
+    ExecutionRecord,
     ExecutionState,
     RetryPolicy,
     ScheduleMode,
     TaskPolicy,
 )
-from docket_core.sansio.worker import WorkerConfig, WorkerMachine
-from docket_memory.shelf import Shelf
-from docket_memory.simulate import drive
-from docket_memory.store import MemoryStore
 
-T = TypeVar("T")
-
-REDELIVERY = 40.0
-HEARTBEAT = 5.0
-#: long enough that no record expires during a run
-TTL = 1e9
-START = 1_000_000.0
 KEYS = ("a", "b", "c", "d", "e", "f")
 #: "e" and "f" share one concurrency slot
 LIMIT = ConcurrencyPolicy(limit_key="limit:ef", max_concurrent=1)
@@ -81,78 +55,19 @@ POLICIES = {
 }
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Drive a coroutine that never suspends to completion."""
-    result: T = drive(coro)
-    return result
-
-
 #: the phases of a running task function (the machine's own set, spelled out)
 EXECUTING = (Phase.RUNNING, Phase.CANCELLING, Phase.TIMING_OUT, Phase.ABANDONING)
 
 
-@attrs.define
-class Running:
-    """A task function 'running' in the simulation."""
+class Simulation(World[SimWorker]):
+    """The world: clock, store and workers, driven one step at a time; the
+    store settles every batch at once."""
 
-    key: str
-    generation: int
-    #: the reason of a CancelTask received, if any: it ends CANCELLED
-    cancel: StopReason | None = None
-
-
-@attrs.define
-class SimWorker:
-    name: str
-    machine: WorkerMachine
-    running: dict[str, Running] = attrs.field(factory=dict)
-
-
-class Simulation:
-    """The world: clock, store and workers, driven one step at a time."""
+    worker_type = SimWorker
+    policies = POLICIES
 
     def __init__(self, workers: int = 3, execution_ttl: float = TTL, concurrency: int = 3) -> None:
-        self.now = START
-        self.shelf = Shelf()
-        self.store = MemoryStore(name="sim", shelf=self.shelf)
-        self.execution_ttl = execution_ttl
-        self.concurrency = concurrency
-        self.serial = 0
-        self.workers: list[SimWorker] = [self.fresh_worker() for _ in range(workers)]
-        #: keys with at least one accepted add/replace
-        self.accepted: set[str] = set()
-        self.starts = 0
-
-    def fresh_worker(self) -> SimWorker:
-        self.serial += 1
-        name = f"worker-{self.serial}"
-        config = WorkerConfig(
-            name=name,
-            concurrency=self.concurrency,
-            redelivery_timeout=REDELIVERY,
-            heartbeat_interval=HEARTBEAT,
-            execution_ttl=self.execution_ttl,
-        )
-        return SimWorker(name=name, machine=WorkerMachine(config, self.now))
-
-    # -- producers -------------------------------------------------------------
-
-    def add(self, key: str, mode: ScheduleMode, delay: float) -> Scheduled:
-        effect = plan_add(
-            key=key, function="f", payload=b"", when=self.now + delay, mode=mode, now=self.now
-        )
-        (outcome,) = run(self.store.execute([effect]))
-        assert isinstance(outcome, Scheduled)
-        if outcome.accepted:
-            self.accepted.add(key)
-        return outcome
-
-    def cancel(self, key: str) -> None:
-        run(self.store.execute([Cancel(key=key, now=self.now, ttl=self.execution_ttl)]))
-        # the store's cancellation signal reaches every worker
-        for worker in self.workers:
-            worker.machine.receive(CancelRequested(key=key, now=self.now))
-            self.pump(worker)
+        super().__init__(workers, name="sim", execution_ttl=execution_ttl, concurrency=concurrency)
 
     # -- workers ---------------------------------------------------------------
 
@@ -168,18 +83,7 @@ class Simulation:
                 machine.store_replied(store, outcomes, self.now)
 
     def runtime_effect(self, worker: SimWorker, effect: Effect, store: list[StoreEffect]) -> None:
-        if isinstance(effect, StartTask):
-            flight = worker.machine.in_flight[effect.delivery_id]
-            assert effect.delivery_id not in worker.running
-            worker.running[effect.delivery_id] = Running(
-                key=flight.message.key, generation=flight.message.generation
-            )
-            self.starts += 1
-        elif isinstance(effect, CancelTask):
-            running = worker.running.get(effect.delivery_id)
-            if running is not None:
-                running.cancel = effect.reason
-        else:
+        if not self.task_effect(worker, effect):
             assert isinstance(effect, StoreEffect)
             store.append(effect)
 
@@ -191,15 +95,7 @@ class Simulation:
             delivery_id: (held.worker, held.renewed_at)
             for delivery_id, held in self.shelf.held.items()
         }
-        result = run(
-            self.store.read(
-                worker=worker.name,
-                count=capacity,
-                now=self.now,
-                redelivery_timeout=REDELIVERY,
-                block=0,
-            )
-        )
+        result = self.store_read(worker, capacity)
         assert len(result.deliveries) <= capacity
         for delivery in result.deliveries:
             previous = before.get(delivery.delivery_id)
@@ -218,29 +114,19 @@ class Simulation:
             worker.machine.receive(Delivered(arrivals=arrivals, now=self.now))
             self.pump(worker)
 
-    def arrival(self, delivery: Delivery) -> Arrival:
-        return Arrival(delivery=delivery, policy=POLICIES[delivery.message.key])
-
     def end(
         self, worker: SimWorker, delivery_id: str, outcome: TaskOutcome, swallows: bool = False
     ) -> None:
-        """A task function ends with ``outcome``; one asked to stop ends
-        cancelled, unless it ``swallows`` the cancellation (it then ends as
-        it returned or raised)."""
-        running = worker.running.pop(delivery_id)
-        if running.cancel is not None and not swallows:
-            outcome = TaskOutcome.CANCELLED
+        """A task function ends (see ``World.end``); nothing follows a run
+        whose key was cancelled while it ran."""
+        running = worker.running[delivery_id]
         record = self.shelf.records.get(running.key)
         cancelled_run = (
             record is not None
             and record.generation == running.generation
             and record.cancel_ttl is not None
         )
-        error = "RuntimeError: boom" if outcome is TaskOutcome.FAILED else None
-        worker.machine.receive(
-            TaskEnded(delivery_id=delivery_id, now=self.now, outcome=outcome, error=error)
-        )
-        self.pump(worker)
+        super().end(worker, delivery_id, outcome, swallows)
         if cancelled_run and self.lease_valid_after_end(running):
             # nothing follows a run whose key was cancelled while it ran
             after = self.shelf.records.get(running.key)
@@ -254,23 +140,7 @@ class Simulation:
             for held in self.shelf.held.values()
         )
 
-    def tick(self, worker: SimWorker) -> None:
-        worker.machine.receive(Tick(now=self.now))
-        self.pump(worker)
-
-    def crash(self, index: int) -> None:
-        """The worker's process dies: its machine and tasks vanish unannounced."""
-        self.workers[index] = self.fresh_worker()
-
     # -- checks ----------------------------------------------------------------
-
-    def lease_valid(self, worker: SimWorker, delivery_id: str) -> bool:
-        held = self.shelf.held.get(delivery_id)
-        return (
-            held is not None
-            and held.worker == worker.name
-            and held.renewed_at > self.now - REDELIVERY
-        )
 
     def check(self) -> None:
         shelf = self.shelf
@@ -293,21 +163,12 @@ class Simulation:
         for record in shelf.records.values():
             assert record.cancel_ttl is None or record.state is ExecutionState.RUNNING, record
         # a key's current generation never runs twice at once with valid leases
-        owners: dict[tuple[str, int], list[str]] = {}
         for worker in self.workers:
-            for delivery_id, running in worker.running.items():
+            for delivery_id in worker.running:
                 flight = worker.machine.in_flight.get(delivery_id)
                 assert flight is not None, (worker.name, delivery_id)
                 assert flight.phase in EXECUTING
-                if flight.phase is Phase.ABANDONING or not self.lease_valid(worker, delivery_id):
-                    continue
-                owners.setdefault((running.key, running.generation), []).append(
-                    f"{worker.name}:{delivery_id}"
-                )
-        for (key, generation), holders in owners.items():
-            current = shelf.records.get(key)
-            if current is not None and current.generation == generation:
-                assert len(holders) == 1, (key, generation, holders)
+        self.check_single_runs(self.workers)
         # a limit is never exceeded by task functions holding a live slot
         limited = [
             (worker.name, delivery_id)
@@ -337,35 +198,8 @@ class Simulation:
                 )
                 assert delivery_id in worker.running
 
-    def quiescent(self) -> bool:
-        shelf = self.shelf
-        return (
-            not shelf.ready
-            and not shelf.future
-            and not shelf.held
-            and not shelf.waiters
-            and all(w.machine.idle and not w.running for w in self.workers)
-        )
 
-    def drain(self, rounds: int = 100) -> None:
-        """Let time pass and every worker finish everything."""
-        for _ in range(rounds):
-            if self.quiescent():
-                return
-            self.now += REDELIVERY / 2
-            for worker in self.workers:
-                for delivery_id in sorted(worker.running):
-                    self.end(worker, delivery_id, TaskOutcome.SUCCEEDED)
-                self.tick(worker)
-                self.read(worker)
-                self.check()
-        raise AssertionError(
-            f"not quiescent after {rounds} rounds: ready={dict(self.shelf.ready)} "
-            f"future={self.shelf.future} held={self.shelf.held}"
-        )
-
-
-class DocketMachine(RuleBasedStateMachine):
+class DocketMachine(WorldMachine):
     sim: Simulation
 
     execution_ttl = TTL
@@ -383,9 +217,6 @@ class DocketMachine(RuleBasedStateMachine):
         self.sim = Simulation(workers=workers, execution_ttl=self.execution_ttl)
         for key in keys:
             self.sim.add(self.key(key), ScheduleMode.ADD, 0.0)
-
-    def worker(self, index: int) -> SimWorker:
-        return self.sim.workers[index % len(self.sim.workers)]
 
     # -- producers -------------------------------------------------------------
 
@@ -425,20 +256,12 @@ class DocketMachine(RuleBasedStateMachine):
 
     # -- workers -------------------------------------------------------------------
 
-    @rule(index=st.integers(0, 2))
-    def read(self, index: int) -> None:
-        self.sim.read(self.worker(index))
-
     @rule()
     def work(self) -> None:
         """Every worker looks at the clock and reads, as their loops would."""
         for worker in self.sim.workers:
             self.sim.tick(worker)
             self.sim.read(worker)
-
-    @rule(index=st.integers(0, 2))
-    def tick(self, index: int) -> None:
-        self.sim.tick(self.worker(index))
 
     def any_running(self) -> bool:
         return any(w.running for w in self.sim.workers)
@@ -467,42 +290,23 @@ class DocketMachine(RuleBasedStateMachine):
                 if running.cancel is not None:
                     self.sim.end(worker, delivery_id, TaskOutcome.CANCELLED)
 
-    @precondition(lambda self: self.sim.serial < 8)
-    @rule(index=st.integers(0, 2))
-    def crash(self, index: int) -> None:
-        self.sim.crash(index % len(self.sim.workers))
-
     # -- checks ----------------------------------------------------------------------
 
-    @invariant()
-    def consistent(self) -> None:
-        if hasattr(self, "sim"):
-            self.sim.check()
-
-    def teardown(self) -> None:
-        if not hasattr(self, "sim"):
+    def concluded(self, key: str, record: ExecutionRecord | None) -> None:
+        if self.sim.execution_ttl < TTL:
+            # a terminal record is deleted at once (ttl 0) or expires
+            assert record is None or record.state.terminal, record
             return
-        sim = self.sim
-        sim.drain()
-        for key in sorted(sim.accepted):
-            record = sim.shelf.records.get(key)
-            if sim.execution_ttl < TTL:
-                # a terminal record is deleted at once (ttl 0) or expires
-                assert record is None or record.state.terminal, record
-                continue
-            assert record is not None, key
+        assert record is not None, key
+        assert record.state.terminal, record
+
+    def drained(self) -> None:
+        for record in self.sim.shelf.records.values():
             assert record.state.terminal, record
-        for record in sim.shelf.records.values():
-            assert record.state.terminal, record
-        assert not sim.shelf.waiters
+        assert not self.sim.shelf.waiters
 
 
-DocketMachine.TestCase.settings = settings(
-    max_examples=200,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+DocketMachine.TestCase.settings = MACHINE_SETTINGS
 TestDocketMachine = DocketMachine.TestCase
 
 

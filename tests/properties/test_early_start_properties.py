@@ -4,11 +4,12 @@ without admission controls, limit or timeout starts with its claim
 until a rule answers it (or loses its reply), while adds, replaces, cancels,
 task ends, crashes and clock jumps come in between.
 
-A synchronous harness like ``test_core_properties``'s: one ``MemoryStore``,
-a virtual clock, worker machines that ask for their own reads (``Read``,
-answered with ``ReadDone``), each sending one batch of store effects at a
-time.  Checked after every step, besides the usual (one run of a key's
-current generation at a time on a valid lease, nothing lost once drained):
+A synchronous harness on the world of ``test_core_properties``
+(``core_harness``): one ``MemoryStore``, a virtual clock, worker machines
+that ask for their own reads (``Read``, answered with ``ReadDone``), each
+sending one batch of store effects at a time.  Checked after every step,
+besides the usual (one run of a key's current generation at a time on a
+valid lease, nothing lost once drained):
 
 - nothing is recorded for an early run before its claim came back
   ``claimed``, and never for one whose claim did not: no ``Finish`` or
@@ -19,45 +20,22 @@ current generation at a time on a valid lease, nothing lost once drained):
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
-from typing import Any, TypeVar
-
 import attrs
-from hypothesis import HealthCheck, settings
+from core_harness import MACHINE_SETTINGS, REDELIVERY, SimWorker, World, WorldMachine, run
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-)
+from hypothesis.stateful import initialize, precondition, rule
 
 from docket_core.sansio import lifecycle
-from docket_core.sansio.decisions import plan_add
 from docket_core.sansio.effects import (
-    Cancel,
-    CancelTask,
     Claim,
     Effect,
     Finish,
     Read,
     Schedule,
-    StartTask,
     StopReason,
     StoreEffect,
 )
-from docket_core.sansio.inputs import (
-    Arrival,
-    CancelRequested,
-    Claimed,
-    ClaimVerdict,
-    ReadDone,
-    ReplyLost,
-    TaskEnded,
-    TaskOutcome,
-    Tick,
-)
+from docket_core.sansio.inputs import Claimed, ClaimVerdict, ReadDone, ReplyLost, TaskOutcome
 from docket_core.sansio.lifecycle import Phase
 from docket_core.sansio.values import (
     ConcurrencyPolicy,
@@ -66,16 +44,7 @@ from docket_core.sansio.values import (
     ScheduleMode,
     TaskPolicy,
 )
-from docket_core.sansio.worker import WorkerConfig, WorkerMachine
-from docket_memory.shelf import Shelf
-from docket_memory.simulate import drive
-from docket_memory.store import MemoryStore
 
-T = TypeVar("T")
-
-REDELIVERY = 40.0
-START = 1_000_000.0
-TTL = 1e9
 KEYS = ("a", "b", "c", "d")
 POLICIES = {
     "a": TaskPolicy(),
@@ -86,23 +55,8 @@ POLICIES = {
 }
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    result: T = drive(coro)
-    return result
-
-
 @attrs.define
-class Running:
-    key: str
-    generation: int
-    cancel: StopReason | None = None
-
-
-@attrs.define
-class Worker:
-    name: str
-    machine: WorkerMachine
-    running: dict[str, Running] = attrs.field(factory=dict)
+class Worker(SimWorker):
     #: the read the machine asked for, not yet carried out
     asked: Read | None = None
     #: the batch on the wire: until it is answered the machine's effects
@@ -112,44 +66,13 @@ class Worker:
     early: dict[str, ClaimVerdict | None] = attrs.field(factory=dict)
 
 
-class Harness:
+class Harness(World[Worker]):
+    worker_type = Worker
+    policies = POLICIES
+
     def __init__(self, workers: int) -> None:
-        self.now = START
-        self.shelf = Shelf()
-        self.store = MemoryStore(name="early", shelf=self.shelf)
-        self.serial = 0
-        self.workers = [self.fresh_worker() for _ in range(workers)]
-        self.accepted: set[str] = set()
         self.early_starts = 0
-
-    def fresh_worker(self) -> Worker:
-        self.serial += 1
-        config = WorkerConfig(
-            name=f"worker-{self.serial}",
-            concurrency=3,
-            redelivery_timeout=REDELIVERY,
-            heartbeat_interval=5.0,
-            execution_ttl=TTL,
-            retry_delay=1.0,
-            reads=True,
-        )
-        return Worker(name=config.name, machine=WorkerMachine(config, self.now))
-
-    # -- producers -----------------------------------------------------------------
-
-    def add(self, key: str, mode: ScheduleMode, delay: float) -> None:
-        effect = plan_add(
-            key=key, function="f", payload=b"", when=self.now + delay, mode=mode, now=self.now
-        )
-        (outcome,) = run(self.store.execute([effect]))
-        if outcome.accepted:  # type: ignore[attr-defined]
-            self.accepted.add(key)
-
-    def cancel(self, key: str) -> None:
-        run(self.store.execute([Cancel(key=key, now=self.now, ttl=TTL)]))
-        for worker in self.workers:
-            worker.machine.receive(CancelRequested(key=key, now=self.now))
-            self.pump(worker)
+        super().__init__(workers, name="early", retry_delay=1.0, reads=True)
 
     # -- workers -----------------------------------------------------------------------
 
@@ -170,23 +93,15 @@ class Harness:
         if isinstance(effect, Read):
             assert worker.asked is None
             worker.asked = effect
-        elif isinstance(effect, StartTask):
-            flight = worker.machine.in_flight[effect.delivery_id]
-            assert effect.delivery_id not in worker.running
-            worker.running[effect.delivery_id] = Running(
-                key=flight.message.key, generation=flight.message.generation
-            )
-            if flight.phase is Phase.EARLY_RUNNING:
-                worker.early[effect.delivery_id] = None
-                self.early_starts += 1
-            else:  # (a delivery handed back to this worker, started once claimed)
-                worker.early.pop(effect.delivery_id, None)
-        elif isinstance(effect, CancelTask):
-            running = worker.running.get(effect.delivery_id)
-            if running is not None:
-                running.cancel = effect.reason
-        elif isinstance(effect, StoreEffect):
+        elif not self.task_effect(worker, effect) and isinstance(effect, StoreEffect):
             batch.append(effect)
+
+    def started(self, worker: Worker, delivery_id: str, phase: Phase) -> None:
+        if phase is Phase.EARLY_RUNNING:
+            worker.early[delivery_id] = None
+            self.early_starts += 1
+        else:  # (a delivery handed back to this worker, started once claimed)
+            worker.early.pop(delivery_id, None)
 
     def send(self, worker: Worker, batch: list[StoreEffect], *, lost: bool = False) -> None:
         for effect in batch:
@@ -226,58 +141,23 @@ class Harness:
         if asked is None:
             return
         held_before = set(self.shelf.held)
-        result = run(
-            self.store.read(
-                worker=worker.name,
-                count=asked.count,
-                now=self.now,
-                redelivery_timeout=REDELIVERY,
-                block=0,
-                recover=asked.recover,
-            )
-        )
+        result = self.store_read(worker, asked.count, recover=asked.recover)
         for delivery in result.deliveries:
             assert delivery.redelivered == (delivery.delivery_id in held_before)
         arrivals = tuple(
-            Arrival(delivery=d, policy=POLICIES[d.message.key])
+            self.arrival(d)
             for d in result.deliveries
             if d.delivery_id not in worker.machine.in_flight
         )
         worker.machine.receive(ReadDone(arrivals=arrivals, next_due=None, now=self.now))
         self.pump(worker)
 
-    def tick(self, worker: Worker) -> None:
-        worker.machine.receive(Tick(now=self.now))
-        self.pump(worker)
-
-    def end(self, worker: Worker, delivery_id: str, outcome: TaskOutcome) -> None:
-        running = worker.running.pop(delivery_id)
-        if running.cancel is not None:
-            outcome = TaskOutcome.CANCELLED
-        error = "RuntimeError: boom" if outcome is TaskOutcome.FAILED else None
-        worker.machine.receive(
-            TaskEnded(delivery_id=delivery_id, now=self.now, outcome=outcome, error=error)
-        )
-        self.pump(worker)
-
-    def crash(self, index: int) -> None:
-        self.workers[index] = self.fresh_worker()
-
     # -- checks ------------------------------------------------------------------------
 
-    def lease_valid(self, worker: Worker, delivery_id: str) -> bool:
-        held = self.shelf.held.get(delivery_id)
-        return (
-            held is not None
-            and held.worker == worker.name
-            and held.renewed_at > self.now - REDELIVERY
-        )
-
     def check(self) -> None:
-        owners: dict[tuple[str, int], list[str]] = {}
-        for worker in self.workers:
-            if worker.transit is not None:
-                continue  # (the machine's latest effects wait for the reply)
+        settled = [worker for worker in self.workers if worker.transit is None]
+        # (a worker with a batch on the wire: its latest effects wait for the reply)
+        for worker in settled:
             for delivery_id, flight in worker.machine.in_flight.items():
                 # it runs exactly while the machine says it does
                 assert (delivery_id in worker.running) == (flight.phase in lifecycle.EXECUTING), (
@@ -286,60 +166,34 @@ class Harness:
                     flight.phase,
                 )
             for delivery_id, running in worker.running.items():
-                flight = worker.machine.in_flight[delivery_id]
                 verdict = worker.early.get(delivery_id)
                 if verdict is not None and verdict is not ClaimVerdict.CLAIMED:
                     # the store voided the run: it is being stopped
                     assert running.cancel is not None, (worker.name, delivery_id, verdict)
-                if flight.phase is Phase.ABANDONING or not self.lease_valid(worker, delivery_id):
-                    continue
-                owners.setdefault((running.key, running.generation), []).append(
-                    f"{worker.name}:{delivery_id}"
-                )
-        for (key, generation), holders in owners.items():
-            current = self.shelf.records.get(key)
-            if current is not None and current.generation == generation:
-                assert len(holders) == 1, (key, generation, holders)
+        self.check_single_runs(settled)
         for record in self.shelf.records.values():
             assert record.cancel_ttl is None or record.state is ExecutionState.RUNNING, record
 
-    def quiescent(self) -> bool:
-        shelf = self.shelf
-        return (
-            not shelf.ready
-            and not shelf.future
-            and not shelf.held
-            and not shelf.waiters
-            and all(w.machine.idle and not w.running and w.transit is None for w in self.workers)
-        )
+    def settled(self, worker: Worker) -> bool:
+        return super().settled(worker) and worker.transit is None
 
-    def drain(self, rounds: int = 100) -> None:
-        for _ in range(rounds):
-            if self.quiescent():
-                return
-            self.now += REDELIVERY / 2
-            for worker in self.workers:
-                self.answer(worker)
-                for delivery_id in sorted(worker.running):
-                    self.end(worker, delivery_id, TaskOutcome.SUCCEEDED)
-                self.tick(worker)
-                self.read(worker)
-                self.answer(worker)
-                self.check()
-        raise AssertionError(f"not quiescent: {self.shelf.ready} {self.shelf.held}")
+    def work_off(self, worker: Worker) -> None:
+        """A round of the worker's loop, its batch on the wire answered
+        before and after."""
+        self.answer(worker)
+        super().work_off(worker)
+        self.answer(worker)
 
 
-class EarlyStartMachine(RuleBasedStateMachine):
-    harness: Harness
+class EarlyStartMachine(WorldMachine):
+    sim: Harness
+    serials = 6
 
     @initialize(workers=st.integers(1, 3))
     def start(self, workers: int) -> None:
-        self.harness = Harness(workers)
-        for worker in self.harness.workers:
-            self.harness.tick(worker)
-
-    def worker(self, index: int) -> Worker:
-        return self.harness.workers[index % len(self.harness.workers)]
+        self.sim = Harness(workers)
+        for worker in self.sim.workers:
+            self.sim.tick(worker)
 
     @rule(
         key=st.sampled_from(KEYS),
@@ -347,73 +201,41 @@ class EarlyStartMachine(RuleBasedStateMachine):
         delay=st.sampled_from([0.0, 0.0, 0.0, 1.0, 5.0]),
     )
     def add(self, key: str, mode: ScheduleMode, delay: float) -> None:
-        self.harness.add(key, mode, delay)
+        self.sim.add(key, mode, delay)
 
     @rule(key=st.sampled_from(KEYS))
     def cancel(self, key: str) -> None:
-        self.harness.cancel(key)
+        self.sim.cancel(key)
 
-    @precondition(lambda self: any(w.running for w in self.harness.workers))
+    @precondition(lambda self: any(w.running for w in self.sim.workers))
     @rule(pick=st.integers(0, 8))
     def cancel_running(self, pick: int) -> None:
         """Cancel the key of a running task: while its claim is on the wire
         or after it came back."""
-        running = [r.key for w in self.harness.workers for _, r in sorted(w.running.items())]
-        self.harness.cancel(running[pick % len(running)])
+        running = [r.key for w in self.sim.workers for _, r in sorted(w.running.items())]
+        self.sim.cancel(running[pick % len(running)])
 
     @rule(jump=st.sampled_from([0.1, 1.0, 3.0, REDELIVERY / 2, REDELIVERY + 1]))
     def advance_clock(self, jump: float) -> None:
-        self.harness.now += jump
+        self.sim.now += jump
 
-    @rule(index=st.integers(0, 2))
-    def read(self, index: int) -> None:
-        self.harness.read(self.worker(index))
-
-    @rule(index=st.integers(0, 2))
-    def tick(self, index: int) -> None:
-        self.harness.tick(self.worker(index))
-
-    @precondition(lambda self: any(w.transit for w in self.harness.workers))
+    @precondition(lambda self: any(w.transit for w in self.sim.workers))
     @rule(index=st.integers(0, 2), lost=st.booleans(), ran=st.booleans())
     def answer(self, index: int, lost: bool, ran: bool) -> None:
         """The batch on a worker's wire is answered, or its reply is lost
         (after the store ran it, or before)."""
-        busy = [w for w in self.harness.workers if w.transit]
-        self.harness.answer(busy[index % len(busy)], lost=lost, ran=ran)
+        busy = [w for w in self.sim.workers if w.transit]
+        self.sim.answer(busy[index % len(busy)], lost=lost, ran=ran)
 
-    @precondition(lambda self: any(w.running for w in self.harness.workers))
+    @precondition(lambda self: any(w.running for w in self.sim.workers))
     @rule(pick=st.integers(0, 8), outcome=st.sampled_from(TaskOutcome))
     def end_task(self, pick: int, outcome: TaskOutcome) -> None:
-        running = [(w, d) for w in self.harness.workers for d in sorted(w.running)]
+        running = [(w, d) for w in self.sim.workers for d in sorted(w.running)]
         worker, delivery_id = running[pick % len(running)]
-        self.harness.end(worker, delivery_id, outcome)
-
-    @precondition(lambda self: self.harness.serial < 6)
-    @rule(index=st.integers(0, 2))
-    def crash(self, index: int) -> None:
-        self.harness.crash(index % len(self.harness.workers))
-
-    @invariant()
-    def consistent(self) -> None:
-        if hasattr(self, "harness"):
-            self.harness.check()
-
-    def teardown(self) -> None:
-        if not hasattr(self, "harness"):
-            return
-        harness = self.harness
-        harness.drain()
-        for key in sorted(harness.accepted):
-            record = harness.shelf.records.get(key)
-            assert record is not None and record.state.terminal, (key, record)
+        self.sim.end(worker, delivery_id, outcome)
 
 
-EarlyStartMachine.TestCase.settings = settings(
-    max_examples=200,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+EarlyStartMachine.TestCase.settings = MACHINE_SETTINGS
 TestEarlyStartMachine = EarlyStartMachine.TestCase
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import attrs
 import test_store_differential as base
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -27,14 +26,13 @@ from test_store_differential import (
     MEMORY,
     REDIS,
     STALE_AFTER,
-    TTL,
     WORKERS,
     Handle,
     StoreDifferential,
+    ends_a_run,
 )
 
-from docket_core.sansio.decisions import plan_add
-from docket_core.sansio.effects import Finish, ReleaseSlot, StoreEffect
+from docket_core.sansio.effects import ReleaseSlot, StoreEffect
 from docket_core.sansio.inputs import ClaimVerdict
 from docket_core.sansio.local_slots import (
     TAKE_ACQUIRED,
@@ -92,19 +90,7 @@ class StepDifferential(StoreDifferential):
     def read_and_step(self, keys: list[str], worker: str, limit: str, drop: bool) -> None:
         """Add ``keys`` now, read, and claim what came into slots in one step
         (as a worker does with a limit of its docket's own)."""
-        self.execute(
-            lambda s: [
-                plan_add(
-                    key=key,
-                    function="task",
-                    payload=b"x",
-                    when=self.now,
-                    mode=ScheduleMode.ADD,
-                    now=self.now,
-                )
-                for key in keys
-            ]
-        )
+        self.add(keys, ScheduleMode.ADD, 0.0, b"x")  # (the base machine's rule, called)
         fresh = [h for h in self._read(worker, 3) if _fresh(h)]
         if fresh and not self.blocked(worker):
             self._step_take(worker, fresh, limit, drop)
@@ -145,14 +131,7 @@ class StepDifferential(StoreDifferential):
             drop,
         )
 
-    @precondition(lambda self: any(h.held and h.claimed for h in self.free_handles()))
-    @rule(
-        data=st.data(),
-        state=st.sampled_from([ExecutionState.COMPLETED, ExecutionState.FAILED]),
-        result=st.none() | st.sampled_from([b"r1", b"r2"]),
-        hand_on=st.booleans(),
-        drop=st.sampled_from([False, False, True]),
-    )
+    @ends_a_run(hand_on=st.booleans())
     def step_end(
         self,
         data: st.DataObject,
@@ -172,19 +151,9 @@ class StepDifferential(StoreDifferential):
         for handle in nexts:
             handle.acquire_tried = True
         (request,) = self.request(ended.worker, 1)
-        error = "ValueError: boom" if state is ExecutionState.FAILED else None
 
         def build(s: int) -> list[StoreEffect]:
-            finish = Finish(
-                delivery_id=ended.ids[s],
-                key=ended.key,
-                generation=ended.messages[s].generation,
-                state=state,
-                now=self.now,
-                ttl=TTL,
-                error=error,
-                result=result,
-            )
+            finish = self.finish_of(ended, s, state, result)
             release = None
             if slot is not None:
                 release = ReleaseSlot(limit_key=slot[0], holder=slot[1], now=self.now)
@@ -203,48 +172,37 @@ class StepDifferential(StoreDifferential):
             ended.locked = True
         self.send(ended.worker, [("step", nexts, limit, ended)], build, drop)
 
-    @precondition(lambda self: bool(self.last))
-    @rule(data=st.data(), later=st.sampled_from([0.0, 1.0, 5.0]))
-    def resend(self, data: st.DataObject, later: float) -> None:
-        """As the base machine's rule, for a batch with steps: they answer
-        their first outcome, except that a take that got a slot answers lost
-        once its delivery or its slot is no longer the worker's."""
-        worker = data.draw(st.sampled_from(sorted(self.last)))
-        sent = self.last[worker]
-        self.now += later
-        again = self.execute(
-            lambda s: [attrs.evolve(e, now=self.now) for e in sent.effects[s]]  # type: ignore[misc]
-        )
-        for (kind, *_), first, now in zip(sent.spec, sent.first, again, strict=True):
-            if kind == "step":
-                assert (first.recorded, first.woken, first.wake) == (
-                    now.recorded,
-                    now.woken,
-                    now.wake,
-                ), (first, now)
-                for a1, a2 in zip(first.takes, now.takes, strict=True):
-                    assert a1 == a2 or (a1, a2) == (TAKE_ACQUIRED, TAKE_LOST), (first, now)
-            elif kind == "claim":
-                for (_, v1), (_, v2) in zip(first[1], now[1], strict=True):
-                    assert v1 == v2 or (v1, v2) == (ClaimVerdict.CLAIMED, ClaimVerdict.LOST)
-            elif kind == "acquire":
-                assert first == now or (first[2] and now[3]), (first, now)
-            elif kind != "admit":
-                assert first == now, f"a replayed {kind} answered {now}, first {first}"
-        if sent.dropped:
-            sent.dropped = False
-            sent.first = again
-            self.apply(sent.spec, again)
-        else:
-            # a duplicate: only the replay exceptions tell the worker something
-            for (kind, handles, *_), now in zip(sent.spec, again, strict=True):
-                if kind == "step":
-                    for handle, answer in zip(handles, now.takes, strict=True):
-                        if answer == TAKE_LOST:
-                            handle.slot = None
-                elif kind == "acquire" and now[3]:
-                    handles[0].slot = None
-            self.forget()
+    def check_replay(self, item: tuple[Any, ...], first: Any, now: Any) -> None:
+        """A resent step answers its first outcome, except that a take that
+        got a slot answers lost once its delivery or its slot is no longer
+        the worker's; the other effects as this machine always checked them
+        (claims and acquisitions by their answers alone, admissions not)."""
+        kind = item[0]
+        if kind == "step":
+            assert (first.recorded, first.woken, first.wake) == (
+                now.recorded,
+                now.woken,
+                now.wake,
+            ), (first, now)
+            for a1, a2 in zip(first.takes, now.takes, strict=True):
+                assert a1 == a2 or (a1, a2) == (TAKE_ACQUIRED, TAKE_LOST), (first, now)
+        elif kind == "claim":
+            for (_, v1), (_, v2) in zip(first[1], now[1], strict=True):
+                assert v1 == v2 or (v1, v2) == (ClaimVerdict.CLAIMED, ClaimVerdict.LOST)
+        elif kind == "acquire":
+            assert first == now or (first[2] and now[3]), (first, now)
+        elif kind != "admit":
+            assert first == now, f"a replayed {kind} answered {now}, first {first}"
+
+    def heed_replay(self, item: tuple[Any, ...], now: Any) -> None:
+        """A duplicate's step tells the worker of the slots its takes lost."""
+        kind, handles, *_rest = item
+        if kind == "step":
+            for handle, answer in zip(handles, now.takes, strict=True):
+                if answer == TAKE_LOST:
+                    handle.slot = None
+        elif kind == "acquire" and now[3]:
+            handles[0].slot = None
 
 
 assert TAKE_PARKED == 0 and ClaimVerdict.CLAIMED  # (the answers the rules rely on)

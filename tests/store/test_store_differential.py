@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import attrs
@@ -179,6 +179,25 @@ def run(loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, Any]) ->
     return loop.run_until_complete(coroutine)
 
 
+def ends_a_run(**more: st.SearchStrategy[Any]) -> Callable[[Callable[..., None]], Any]:
+    """A rule that ends a claimed run (with a precondition: there is one),
+    drawing ``data``, the ``state`` it ends in, its ``result``, ``more``
+    and whether its reply is dropped (``drop``)."""
+
+    def decorate(function: Callable[..., None]) -> Any:
+        return precondition(lambda self: any(h.held and h.claimed for h in self.free_handles()))(
+            rule(
+                data=st.data(),
+                state=st.sampled_from([ExecutionState.COMPLETED, ExecutionState.FAILED]),
+                result=st.none() | st.sampled_from([b"r1", b"r2"]),
+                **more,
+                drop=st.sampled_from([False, False, True]),
+            )(function)
+        )
+
+    return decorate
+
+
 @attrs.define
 class Handle:
     """One delivery, as the machine knows it (the same in both stores)."""
@@ -314,6 +333,27 @@ class StoreDifferential(RuleBasedStateMachine):
             and (worker is None or h.worker == worker)
             and not self.blocked(h.worker)
         ]
+
+    def finish_of(
+        self,
+        handle: Handle,
+        s: int,
+        state: ExecutionState,
+        result: bytes | None,
+        request: Request | None = None,
+    ) -> Finish:
+        """The ``Finish`` of ``handle``'s run for store ``s``."""
+        return Finish(
+            delivery_id=handle.ids[s],
+            key=handle.key,
+            generation=handle.messages[s].generation,
+            state=state,
+            now=self.now,
+            ttl=TTL,
+            error="ValueError: boom" if state is ExecutionState.FAILED else None,
+            result=result,
+            request=request,
+        )
 
     # -- outcomes ---------------------------------------------------------------
 
@@ -722,14 +762,7 @@ class StoreDifferential(RuleBasedStateMachine):
             drop,
         )
 
-    @precondition(lambda self: any(h.held and h.claimed for h in self.free_handles()))
-    @rule(
-        data=st.data(),
-        state=st.sampled_from([ExecutionState.COMPLETED, ExecutionState.FAILED]),
-        result=st.none() | st.sampled_from([b"r1", b"r2"]),
-        and_release=st.booleans(),
-        drop=st.sampled_from([False, False, True]),
-    )
+    @ends_a_run(and_release=st.booleans())
     def finish(
         self,
         data: st.DataObject,
@@ -742,7 +775,6 @@ class StoreDifferential(RuleBasedStateMachine):
         if not candidates:
             return
         handle = data.draw(st.sampled_from(candidates))
-        error = "ValueError: boom" if state is ExecutionState.FAILED else None
         slot = handle.slot if and_release else None
         requests = self.request(handle.worker, 2 if slot else 1)
         spec: list[tuple[Any, ...]] = [("finish", [handle])]
@@ -751,17 +783,7 @@ class StoreDifferential(RuleBasedStateMachine):
 
         def build(s: int) -> list[StoreEffect]:
             effects: list[StoreEffect] = [
-                Finish(
-                    delivery_id=handle.ids[s],
-                    key=handle.key,
-                    generation=handle.messages[s].generation,
-                    state=state,
-                    now=self.now,
-                    ttl=TTL,
-                    error=error,
-                    result=result,
-                    request=requests[0],
-                )
+                self.finish_of(handle, s, state, result, request=requests[0])
             ]
             if slot:
                 effects.append(
@@ -915,42 +937,52 @@ class StoreDifferential(RuleBasedStateMachine):
         again = self.execute(
             lambda s: [attrs.evolve(e, now=self.now) for e in sent.effects[s]]  # type: ignore[misc]
         )
-        # the first outcome, or the documented replay exceptions
-        for (kind, handles, *_rest), first, now in zip(sent.spec, sent.first, again, strict=True):
-            if kind == "claim":
-                for handle, (_, v1), (_, v2) in zip(handles, first[1], now[1], strict=True):
-                    if v1 is ClaimVerdict.CLAIMED and v2 is ClaimVerdict.LOST:
-                        assert not handle.held, (
-                            f"a replayed claim of {handle.name}, still held, answered lost"
-                        )
-                    else:
-                        assert v1 == v2, f"a replayed claim answered {v2}, first {v1}"
-            elif kind == "acquire":
-                (handle,) = handles
-                if first[2] and not now[2]:
-                    assert now[3], f"a replayed acquisition answered {now}, first {first}"
-                else:
-                    assert first == now, f"a replayed acquisition answered {now}, first {first}"
-            elif kind == "admit":
-                (handle,) = handles
-                if first[2] is Verdict.ADMIT and now[2] is Verdict.LOST:
-                    assert not handle.held, f"a replayed admission of {handle.name} answered lost"
-                else:
-                    assert first == now, f"a replayed admission answered {now}, first {first}"
-            else:
-                assert first == now, f"a replayed {kind} answered {now}, first {first}"
+        for item, first, now in zip(sent.spec, sent.first, again, strict=True):
+            self.check_replay(item, first, now)
         if sent.dropped:
             sent.dropped = False
             sent.first = again
             self.apply(sent.spec, again)
         else:
             # a duplicate: only the replay exceptions tell the worker something
-            for (kind, handles, *_rest), now in zip(sent.spec, again, strict=True):
-                if kind == "acquire" and now[3]:
-                    handles[0].slot = None
-                if kind == "admit" and now[2] is Verdict.LOST:
-                    handles[0].held = False
+            for item, now in zip(sent.spec, again, strict=True):
+                self.heed_replay(item, now)
             self.forget()
+
+    def check_replay(self, item: tuple[Any, ...], first: Any, now: Any) -> None:
+        """A resent effect answers its first outcome, or one of the
+        documented replay exceptions."""
+        kind, handles, *_rest = item
+        if kind == "claim":
+            for handle, (_, v1), (_, v2) in zip(handles, first[1], now[1], strict=True):
+                if v1 is ClaimVerdict.CLAIMED and v2 is ClaimVerdict.LOST:
+                    assert not handle.held, (
+                        f"a replayed claim of {handle.name}, still held, answered lost"
+                    )
+                else:
+                    assert v1 == v2, f"a replayed claim answered {v2}, first {v1}"
+        elif kind == "acquire":
+            (handle,) = handles
+            if first[2] and not now[2]:
+                assert now[3], f"a replayed acquisition answered {now}, first {first}"
+            else:
+                assert first == now, f"a replayed acquisition answered {now}, first {first}"
+        elif kind == "admit":
+            (handle,) = handles
+            if first[2] is Verdict.ADMIT and now[2] is Verdict.LOST:
+                assert not handle.held, f"a replayed admission of {handle.name} answered lost"
+            else:
+                assert first == now, f"a replayed admission answered {now}, first {first}"
+        else:
+            assert first == now, f"a replayed {kind} answered {now}, first {first}"
+
+    def heed_replay(self, item: tuple[Any, ...], now: Any) -> None:
+        """What the worker learns from a duplicate's outcome ``now``."""
+        kind, handles, *_rest = item
+        if kind == "acquire" and now[3]:
+            handles[0].slot = None
+        if kind == "admit" and now[2] is Verdict.LOST:
+            handles[0].held = False
 
     # -- comparison after every step -------------------------------------------------
 
