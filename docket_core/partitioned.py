@@ -38,6 +38,7 @@ import attrs
 from anyio.abc import TaskGroup
 
 from .adapter import Depths, ReadResult, StorageAdapter, StoreEvent
+from .lua.base import ScriptedStore
 from .partition_parts import part_names, settle_layout
 from .partition_reads import FairReader
 from .sansio.effects import StoreEffect
@@ -142,12 +143,14 @@ class PartitionedStore:
                 raise StoreError(problem)
         return merged(effects, plan, replies)  # type: ignore[arg-type]
 
+    def _store(self, target: int) -> StorageAdapter:
+        return self.home if target == HOME else self.parts[target]
+
     async def _run(
         self, pieces: Sequence[Piece], replies: list[Outcome | None], indexes: Sequence[int]
     ) -> None:
         """One store call for these pieces (all bound for one store)."""
-        target = pieces[indexes[0]].target
-        store = self.home if target == HOME else self.parts[target]
+        store = self._store(pieces[indexes[0]].target)
         outcomes = await store.execute([pieces[index].effect for index in indexes])
         for index, outcome in zip(indexes, outcomes, strict=True):
             replies[index] = outcome
@@ -159,10 +162,28 @@ class PartitionedStore:
         groups: Sequence[Sequence[int]],
     ) -> None:
         """One call per group, concurrently; the first error is raised as it
-        is (the core decides what a failed batch means; resends are safe)."""
+        is (the core decides what a failed batch means; resends are safe).
+        When the home store can send the groups' calls itself (the stores are
+        its siblings, ``ScriptedStore.runs_apart_with``), they go through its
+        ``execute_apart``: one round trip for the round where the client
+        allows, rather than a request per store."""
         if len(groups) == 1:
             await self._run(pieces, replies, groups[0])
             return
+        home = self.home
+        if isinstance(home, ScriptedStore):
+            targets = [self._store(pieces[indexes[0]].target) for indexes in groups]
+            stores = [store for store in targets if home.runs_apart_with(store)]
+            if len(stores) == len(targets):
+                batches = [
+                    (store, [pieces[index].effect for index in indexes])
+                    for store, indexes in zip(stores, groups, strict=True)
+                ]
+                outcomes = await home.execute_apart(batches)
+                for indexes, answered in zip(groups, outcomes, strict=True):
+                    for index, outcome in zip(indexes, answered, strict=True):
+                        replies[index] = outcome
+                return
         errors: list[Exception] = []
 
         async def run(indexes: Sequence[int]) -> None:

@@ -12,7 +12,9 @@ that forks before using the docket never inherits one.
 On a cluster (``glide+cluster://``) every client is a ``GlideClusterClient``:
 GLIDE routes each call by its keys and follows MOVED and ASK; a fenced
 script on a moving slot gets TRYAGAIN, which GLIDE retries until the request
-timeout (``StoreUnavailable`` after it, and the core sends again).
+timeout (``StoreUnavailable`` after it, and the core sends again).  Calls
+in order go as a batch per run of one slot, one after another; calls with no
+order between their slots (``run_calls_apart``) go in one batch.
 """
 
 from __future__ import annotations
@@ -325,6 +327,17 @@ class GlideStore(ScriptedStore):
             inflight.release()
 
     async def run_calls(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        return await self._run_calls(calls, False)
+
+    async def run_calls_apart(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        # (one server: the ordered batch of ``run_calls``)
+        return await self._run_calls(calls, True)
+
+    def same_client(self, other: ScriptedStore) -> bool:
+        client = other.client if isinstance(other, GlideStore) else None
+        return client is not None and client is self.client
+
+    async def _run_calls(self, calls: Sequence[ScriptCall], apart: bool) -> list[Any]:
         # the hot path (every add, every flush of a worker's effects): what
         # ``_request`` does, without a context manager's frames
         inflight = self._inflight or self._limiter()
@@ -333,7 +346,7 @@ class GlideStore(ScriptedStore):
         try:
             client = self.client or await self._main()
             try:
-                return await self._run(client, calls)
+                return await self._run(client, calls, apart)
             except RequestError as error:
                 if "noscript" not in str(error).lower() or isinstance(error, _FAILURES):
                     raise
@@ -341,16 +354,20 @@ class GlideStore(ScriptedStore):
                 # new primary): load them, try again; calls of the batch that
                 # ran answer a resend with their outcome
                 await _load_scripts(client)
-                return await self._run(client, calls)
+                return await self._run(client, calls, apart)
         except (*_FAILURES, RequestError) as error:
             raise _store_error(error, "a docket script") from error
         finally:
             inflight.release()
 
-    async def _run(self, client: Client, calls: Sequence[ScriptCall]) -> list[Any]:
+    async def _run(
+        self, client: Client, calls: Sequence[ScriptCall], apart: bool = False
+    ) -> list[Any]:
         if len(calls) == 1:
             return [await self._invoke(client, calls[0])]
         if isinstance(client, GlideClusterClient):
+            if apart:  # (no order between slots: one batch to all their nodes)
+                return await _cluster_batch(client, calls)
             return await _run_on_cluster(client, calls, self._invoke)
         return await self._batch(client, calls)
 
@@ -473,15 +490,21 @@ async def _run_on_cluster(
     for group in _same_slot_groups(calls):
         if len(group) == 1:
             replies.append(await invoke(client, group[0]))
-            continue
-        batch = ClusterBatch(is_atomic=False)
-        for call in group:
-            script = _SCRIPTS[call.name]
-            batch.custom_command(
-                ["EVALSHA", script.get_hash(), str(len(call.keys)), *call.keys, *call.args]
-            )
-        replies += await client.exec(batch, raise_on_error=True, options=_CLUSTER_BATCH) or []
+        else:
+            replies += await _cluster_batch(client, group)
     return replies
+
+
+async def _cluster_batch(client: GlideClusterClient, calls: Sequence[ScriptCall]) -> list[Any]:
+    """The calls in one non-atomic cluster batch: a pipeline to each of their
+    nodes, the nodes side by side (in order within a node)."""
+    batch = ClusterBatch(is_atomic=False)
+    for call in calls:
+        script = _SCRIPTS[call.name]
+        batch.custom_command(
+            ["EVALSHA", script.get_hash(), str(len(call.keys)), *call.keys, *call.args]
+        )
+    return list(await client.exec(batch, raise_on_error=True, options=_CLUSTER_BATCH) or [])
 
 
 async def _load_scripts(client: Client) -> None:

@@ -7,9 +7,11 @@ One store speaks to one server (``redis.asyncio.Redis``), a cluster
 - Cluster: every call declares ``{P}:q`` and ``{P}:fence`` (``Layout.call``),
   so redis-py routes it and the server refuses it (TRYAGAIN) while its slot
   moves.  A batch goes out as consecutive same-slot pipelines, one after the
-  other.  ``XACK``+``XDEL`` go in a plain pipeline: redis-py 8.1's cluster
-  ``MULTI`` queues each command through a thread running its own event loop,
-  which re-initializes the client there after a connection error.
+  other; calls with no order between their slots (``run_calls_apart``) go
+  in one pipeline.  ``XACK``+``XDEL`` go in a plain pipeline: redis-py
+  8.1's cluster ``MULTI`` queues each command through a thread running its
+  own event loop, which re-initializes the client there after a connection
+  error.
 - Sentinel: every round trip that may write ends with ``WAIT``; fewer
   replicas than asked is a lost reply, and any lost reply drops the pool's
   connections so the next one asks the sentinels for the primary.
@@ -110,7 +112,8 @@ def _raise_first(replies: Sequence[Any]) -> None:
 
 
 async def _send_group(cluster: RedisCluster, group: Sequence[ScriptCall]) -> list[Any]:
-    """Same-slot calls in one round trip to their node."""
+    """The calls in one cluster pipeline: one round trip to each of their
+    nodes, the nodes side by side (in order within a node)."""
     if len(group) == 1:
         call = group[0]
         reply: Any = await cluster.evalsha(_SHAS[call.name], len(call.keys), *call.keys, *call.args)
@@ -253,10 +256,21 @@ class RedisStore(ScriptedStore):
         async with self._commands:
             return await self._run_calls(calls)
 
-    async def _run_calls(self, calls: Sequence[ScriptCall]) -> list[Any]:
+    async def run_calls_apart(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        # (one server: the ordered pipeline of ``run_calls``)
+        if self._commands is None:
+            return await self._run_calls(calls, apart=True)
+        async with self._commands:
+            return await self._run_calls(calls, apart=True)
+
+    def same_client(self, other: ScriptedStore) -> bool:
+        return isinstance(other, RedisStore) and other.client is self.client
+
+    async def _run_calls(self, calls: Sequence[ScriptCall], apart: bool = False) -> list[Any]:
+        send = self._evalsha_apart if apart else self._evalsha
         try:
             try:
-                return await self._evalsha(calls)
+                return await send(calls)
             except redis_errors.ResponseError as error:
                 # (NoScriptError, or a NOSCRIPT reply inside a pipeline)
                 noscript = isinstance(error, redis_errors.NoScriptError)
@@ -267,7 +281,7 @@ class RedisStore(ScriptedStore):
                 # every primary of a cluster), try again; calls of the
                 # batch that ran answer a resend with their outcome
                 await self._load_scripts()
-                return await self._evalsha(calls)
+                return await send(calls)
         except StoreUnavailable:  # (too few replicas acknowledged a write)
             if self._sentinel or self.wait_replicas:
                 await self._forget_primary()
@@ -277,6 +291,13 @@ class RedisStore(ScriptedStore):
             if isinstance(failure, StoreUnavailable) and (self._sentinel or self.wait_replicas):
                 await self._forget_primary()
             raise failure from error
+
+    async def _evalsha_apart(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """``_evalsha`` for calls with no order between their slots: on a
+        cluster, one pipeline to all their nodes at once."""
+        if self._cluster is None:
+            return await self._evalsha(calls)
+        return await _patiently(_send_group, self._cluster, calls)
 
     async def _evalsha(self, calls: Sequence[ScriptCall]) -> list[Any]:
         if self._cluster is not None:

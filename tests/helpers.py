@@ -15,6 +15,7 @@ from servers import Servers
 from docket_core import Docket, Execution, Worker
 from docket_core.sansio.effects import AcquireSlot, Claim, ClaimItem
 from docket_core.sansio.inputs import Claimed, ClaimVerdict
+from docket_core.sansio.partitions import partition_of
 from docket_core.sansio.values import Delivery
 
 Now = Callable[[], datetime]
@@ -129,3 +130,13 @@ def _members(client: redis.Redis, key: bytes) -> int:
     counts = {"list": client.llen, "set": client.scard, "zset": client.zcard, "hash": client.hlen}
     count = counts.get(kind)
     return 0 if count is None else int(count(key))
+
+
+def keys_in_each_partition(n: int) -> list[str]:
+    """A key for each of ``n`` partitions, partition 0 first."""
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < n:
+        found.setdefault(partition_of(f"key-{i}", n), f"key-{i}")
+        i += 1
+    return [found[p] for p in range(n)]

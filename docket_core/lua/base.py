@@ -13,9 +13,9 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, TypeGuard
 
 import anyio
 import attrs
@@ -127,6 +127,19 @@ class ScriptedStore(abc.ABC):
         each after the one before has answered."""
 
     @abc.abstractmethod
+    async def run_calls_apart(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Run the calls in one round trip where the client allows (on a
+        cluster too: one pipeline to all their nodes at once); return their
+        replies.  Calls of one hash tag run in order; calls of different tags
+        have no order between them (``execute_apart`` sends these).  Errors
+        as ``run_calls``."""
+
+    def same_client(self, other: ScriptedStore) -> bool:
+        """Whether ``other`` sends its calls through this store's client (a
+        ``sibling``): ``execute_apart`` may then send them.  No by default."""
+        return False
+
+    @abc.abstractmethod
     async def read_blocking(
         self, worker: str, count: int, block_ms: int
     ) -> dict[str, list[tuple[Any, list[Any]]]] | None:
@@ -182,6 +195,73 @@ class ScriptedStore(abc.ABC):
         calls = calls_for(self.layout, effects)
         replies = await self.run_calls([call for call, _ in calls])
         return outcomes_for(effects, calls, replies)
+
+    def runs_apart_with(self, store: object) -> TypeGuard[ScriptedStore]:
+        """Whether ``execute_apart`` may carry out ``store.execute``: a store
+        on this store's client whose ``execute`` is this algebra's own (not
+        replaced, by a subclass or on the instance)."""
+        return (
+            isinstance(store, ScriptedStore)
+            and getattr(store.execute, "__func__", None) is ScriptedStore.execute
+            and self.same_client(store)
+        )
+
+    async def execute_apart(
+        self, batches: Sequence[tuple[ScriptedStore, Sequence[StoreEffect]]]
+    ) -> list[list[Outcome]]:
+        """``store.execute(effects)`` for each batch, with no order between
+        the batches, on this store's client (each store ``runs_apart_with``
+        it): the calls of every batch that runs in one namespace go in one
+        ``run_calls_apart`` (one round trip where the client allows), and a
+        batch whose calls span namespaces (a chain that needs its order
+        across slots) goes alone through its ``run_calls``, side by side.
+        The first error is raised as it is (resends are safe)."""
+        plans = [calls_for(store.layout, effects) for store, effects in batches]
+        replies: list[list[Any]] = [[] for _ in plans]
+        together: list[int] = []
+        alone: list[int] = []
+        for index, plan in enumerate(plans):
+            if plan:
+                tag = plan[0][0].tag
+                one_tag = all(call.tag == tag for call, _ in plan)
+                (together if one_tag else alone).append(index)
+
+        async def joint() -> None:
+            calls = [call for index in together for call, _ in plans[index]]
+            answered = await self.run_calls_apart(calls)
+            start = 0
+            for index in together:
+                end = start + len(plans[index])
+                replies[index] = answered[start:end]
+                start = end
+
+        async def single(index: int) -> None:
+            store = batches[index][0]
+            replies[index] = await store.run_calls([call for call, _ in plans[index]])
+
+        if not alone:
+            if together:
+                await joint()
+        else:
+            errors: list[Exception] = []
+
+            async def run(job: Callable[..., Awaitable[None]], *args: int) -> None:
+                try:
+                    await job(*args)
+                except Exception as error:
+                    errors.append(error)
+
+            async with anyio.create_task_group() as group:
+                if together:
+                    group.start_soon(run, joint)
+                for index in alone:
+                    group.start_soon(run, single, index)
+            if errors:
+                raise errors[0]
+        return [
+            outcomes_for(effects, plan, reply)
+            for (_, effects), plan, reply in zip(batches, plans, replies, strict=True)
+        ]
 
     async def read(
         self,

@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+from helpers import keys_in_each_partition
 
 from docket_core import Docket
 from docket_core.adapter import ReadResult
@@ -18,19 +19,9 @@ from docket_core.partitioned import PartitionedStore
 from docket_core.sansio.effects import Cancel, Heartbeat, StoreEffect
 from docket_core.sansio.errors import StoreUnavailable
 from docket_core.sansio.inputs import Outcome
-from docket_core.sansio.partitions import partition_of
 from docket_core.sansio.values import Delivery, TaskMessage
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends("memory-asyncio", "redis-asyncio")]
-
-
-def keys_in_each_partition(n: int) -> list[str]:
-    found: dict[int, str] = {}
-    i = 0
-    while len(found) < n:
-        found.setdefault(partition_of(f"key-{i}", n), f"key-{i}")
-        i += 1
-    return [found[p] for p in range(n)]
 
 
 def traced(store: Any, name: str, log: list[tuple[str, str, float]], delay: float) -> None:
