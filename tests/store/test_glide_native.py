@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -61,16 +62,33 @@ async def _both(store: GlideStore, native: NativeScripts, call: ScriptCall) -> t
     return outcomes[0], outcomes[1]
 
 
+async def noop(n: int) -> None: ...
+
+
+@asynccontextmanager
+async def _noop_docket(
+    server_for: Callable[[], Server | None],
+) -> AsyncIterator[tuple[Docket, GlideStore]]:
+    """A docket on the server with ``noop`` registered, and its store, opened."""
+    async with Docket(name=f"native-{uuid.uuid4().hex}", url=_url(server_for)) as docket:
+        docket.register(noop)
+        yield docket, await _opened(docket)
+
+
+async def _through_invoke_script(server_for: Callable[[], Server | None]) -> None:
+    """The store's script calls go through ``invoke_script``, and work."""
+    async with _noop_docket(server_for) as (docket, store):
+        assert store._native == (store.client, None)
+        for n in range(3):
+            await docket.add(noop)(n)
+        assert await store.pending() == 3
+
+
 @pytest.mark.backends("glide_redis-asyncio")
 async def test_this_glide_takes_native_calls_with_invoke_scripts_replies(
     server_for: Callable[[], Server | None],
 ) -> None:
-    async with Docket(name=f"native-{uuid.uuid4().hex}", url=_url(server_for)) as docket:
-
-        async def noop(n: int) -> None: ...
-
-        docket.register(noop)
-        store = await _opened(docket)
+    async with _noop_docket(server_for) as (docket, store):
         assert store._native is not None and store._native[0] is store.client
         native = store._native[1]
         assert native is not None, "this GLIDE no longer fits docket_glide.native"
@@ -95,16 +113,7 @@ async def test_this_glide_takes_native_calls_with_invoke_scripts_replies(
 async def test_a_client_under_trio_goes_through_invoke_script(
     server_for: Callable[[], Server | None],
 ) -> None:
-    async with Docket(name=f"native-{uuid.uuid4().hex}", url=_url(server_for)) as docket:
-
-        async def noop(n: int) -> None: ...
-
-        docket.register(noop)
-        store = await _opened(docket)
-        assert store._native == (store.client, None)
-        for n in range(3):
-            await docket.add(noop)(n)
-        assert await store.pending() == 3
+    await _through_invoke_script(server_for)
 
 
 @pytest.mark.backends("glide_redis-asyncio")
@@ -113,16 +122,16 @@ async def test_a_glide_the_native_calls_do_not_fit_goes_through_invoke_script(
 ) -> None:
     assert NativeScripts.for_client(object(), _SCRIPTS) is None
     monkeypatch.setattr(native_module, "SIGNATURE", "void (*)(void)")
-    async with Docket(name=f"native-{uuid.uuid4().hex}", url=_url(server_for)) as docket:
+    await _through_invoke_script(server_for)
 
-        async def noop(n: int) -> None: ...
 
-        docket.register(noop)
-        store = await _opened(docket)
-        assert store._native == (store.client, None)
-        for n in range(3):
-            await docket.add(noop)(n)
-        assert await store.pending() == 3
+@pytest.mark.backends("glide_redis-asyncio")
+async def test_a_glide_of_an_untested_version_goes_through_invoke_script(
+    server_for: Callable[[], Server | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert native_module.INSTALLED in native_module.TESTED, "test docket_glide.native on it"
+    monkeypatch.setattr(native_module, "INSTALLED", "2.5")
+    await _through_invoke_script(server_for)
 
 
 @pytest.mark.backends("glide_redis-asyncio")
