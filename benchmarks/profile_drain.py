@@ -152,7 +152,7 @@ async def main(args: argparse.Namespace, url: str) -> None:
         from pyinstrument import Profiler
 
     name = f"profile-{uuid.uuid4().hex[:8]}"
-    async with Docket(name=name, url=url) as docket:
+    async with Docket(name=name, url=url, partitions=args.partitions) as docket:
         docket.register(noop)
         await fill(docket, args.tasks)
         if args.round_trips:
@@ -260,6 +260,7 @@ def cli() -> None:
         "--interval", type=float, default=0.001, help="sampling interval (s); 0: no profiler"
     )
     parser.add_argument("--backend", default="asyncio", choices=LOOPS, help="the event loop")
+    parser.add_argument("--partitions", type=int, default=1, help="the docket's partitions")
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--detail", type=int, default=4, help="operations to break down")
     parser.add_argument(
