@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
@@ -95,6 +95,10 @@ class ProgressEvent:
 #: events travel as JSON read them with ``lua.entries.parse_event``.
 StoreEvent = StateEvent | ProgressEvent
 
+#: the steps that close one partition of a layout while the docket's
+#: partition count changes (``StorageAdapter.close_partition``)
+ClosingStep = Literal["close", "seal", "open"]
+
 
 @attrs.frozen(slots=True, kw_only=True)
 class ReadResult:
@@ -149,6 +153,22 @@ class StorageAdapter(Protocol):
         ``expected``, record ``new`` (recording 1 removes the record).
         Returns the count recorded before, so a result equal to ``expected``
         means ``new`` is recorded.  Both counts are at least 1."""
+
+    async def close_partition(
+        self, op: ClosingStep, count: int | None, lease: float, now: float
+    ) -> bool:
+        """One step on this store's docket as one partition of a layout that
+        a change of the partition count to ``count`` leaves (atomically; a
+        closed partition refuses new tasks and dead-letter replays with an
+        error naming ``count``; ``partition_parts.settle_layout``):
+
+        - ``"close"``: close it for ``lease`` seconds, unless it holds a task
+          (scheduled, queued, handed out or parked): False then, nothing done;
+        - ``"seal"``: close it for good, if it holds this count's lease or no
+          task (else False: a task came in after the lease ran out);
+        - ``"open"``: remove this count's lease, or with ``count`` None a
+          seal (False: there was none).
+        ``now`` is the caller's clock (the memory store's leases run on it)."""
 
     async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
         """Carry out ``effects`` in order, as few round trips as possible,

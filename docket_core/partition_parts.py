@@ -2,9 +2,11 @@
 
 - ``settle_layout``: record the count a docket is opened with, or refuse it
   while the partitions of the recorded count hold tasks (tasks are never
-  moved, so none is stranded).  ``PartitionedStore`` runs it on open with
-  N partitions, ``Docket`` with one; it asks only the ``StorageAdapter``
-  protocol (``record_partitions``, ``sibling``, ``pending``).
+  moved); the old layout's partitions are closed to new tasks first, so a
+  producer still open with the old count cannot strand one.
+  ``PartitionedStore`` runs it on open with N partitions, ``Docket`` with
+  one; it asks only the ``StorageAdapter`` protocol (``record_partitions``,
+  ``sibling``, ``close_partition``).
 - ``spanning_limits``: a task's policy with its unscoped concurrency limit
   scoped to the docket's name, so it spans the partitions (docs/cluster.md,
   section 5).
@@ -12,15 +14,24 @@
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Sequence
+
 import attrs
 
-from .adapter import StorageAdapter
+from .adapter import ClosingStep, StorageAdapter
 from .sansio.errors import UsageError
 from .sansio.partitions import partition_tags
 from .sansio.values import TaskPolicy
 
 #: how often the recorded count may change under an open before it gives up
 SETTLE_ATTEMPTS = 5
+#: how long (s) a change of the partition count may take between closing the
+#: old layout and recording the new count (``settle_layout``)
+CLOSE_LEASE = 30.0
+
+logger = logging.getLogger("docket")
 
 
 def part_names(name: str, partitions: int) -> tuple[str, ...]:
@@ -32,42 +43,87 @@ def part_names(name: str, partitions: int) -> tuple[str, ...]:
 async def settle_layout(home: StorageAdapter, partitions: int) -> None:
     """Record ``partitions`` as the count of ``home``'s docket (``home`` is
     the open store named after the docket), or raise ``UsageError`` when
-    another count is recorded and its partitions hold tasks.  One round
-    trip when the count is the recorded one.
+    another count is recorded and its partitions hold tasks.  Two round
+    trips when the count is the recorded one (one more per partition).
 
-    The emptiness check and the compare-and-set (``layout.lua``) are two
-    steps, not one, and cannot be one: the partitions of a recorded count
-    above 1 live in other hash slots (other nodes) than ``{name}:partitions``,
-    and no script spans slots.  The compare-and-set makes concurrent openers
-    agree on one count (a loser sees the new count and checks it again).
-    What the check cannot rule out, atomic or not, is a docket still open
-    with the old count adding a task after the change (it checked the count
-    when it opened): its task waits in a partition no worker of the new
-    count reads, until a docket with the old count drains it.  Hence the
-    README's rule (drain the docket and stop its workers and producers
-    first), and a partitioned worker compares the recorded count with its
-    own at each heartbeat and stops, with ``layout_changed``'s error, when
-    they differ."""
+    A change from the recorded count R closes R's partitions first
+    (``StorageAdapter.close_partition``): each, atomically, only if it holds
+    no task, for ``CLOSE_LEASE`` seconds; a closed partition refuses new
+    tasks with an error naming the new count.  (A partition both layouts
+    share, ``{name|0.0}`` of 2 and 3 say, is only checked empty and stays
+    open: the new count's workers read it, so a task an old producer adds
+    there still runs, though a look-up by its key under the new count may
+    miss it.)  Then the new count is
+    recorded (compare-and-set: concurrent openers agree on one; a loser sees
+    the new count and starts again), R's partitions are sealed (closed for
+    good) and the new layout's old seals are removed.  So a producer still
+    open with R can no longer add a task where no worker of the new count
+    reads: its adds fail, and it must be opened with the new count.  An
+    opener that dies between the steps leaves R closed for the lease at
+    most, or the new layout sealed until the next opener of the recorded
+    count removes the seals (the check below, which seals again if a change
+    away ran meanwhile).  Only an opener stalled past the lease between the
+    close and the compare-and-set lets a task in: it is counted and logged.
+    The checks run per partition, since no script spans hash slots.  A
+    partitioned worker also compares the recorded count with its own at each
+    heartbeat and stops when they differ."""
     for _ in range(SETTLE_ATTEMPTS):
         recorded = await home.record_partitions(partitions, partitions)
         if recorded == partitions:
-            return
-        if not await layout_empty(home, recorded):
+            if not any(await on_partitions(home, _names(home, partitions), "open", None)):
+                return
+            # (seals of a change that died before opening this layout, gone:
+            # unless a change away ran meanwhile, whose seals they were)
+            recorded = await home.record_partitions(partitions, partitions)
+            if recorded == partitions:
+                return
+            await _seal(home, partitions, recorded)
+            continue
+        # (a partition both layouts share stays open: the new one reads it)
+        new_names = _names(home, partitions)
+        leaving = [n for n in _names(home, recorded) if n not in new_names]
+        shared = [n for n in _names(home, recorded) if n in new_names]
+        closed = await on_partitions(home, leaving, "close", partitions)
+        if not all(closed) or not await _empty(home, shared):
+            await on_partitions(home, leaving, "open", partitions)
             raise UsageError(
                 f"docket {home.name} holds tasks in {recorded} partitions: open it with "
                 f"partitions={recorded}, or drain it and stop its workers first"
             )
-        if await home.record_partitions(recorded, partitions) == recorded:
-            return
+        if await home.record_partitions(recorded, partitions) != recorded:
+            await on_partitions(home, leaving, "open", partitions)
+            continue
+        await _seal(home, recorded, partitions)
+        await on_partitions(home, _names(home, partitions), "open", None)
+        return
     raise UsageError(f"docket {home.name}: its partition count keeps changing")
 
 
-async def layout_empty(home: StorageAdapter, partitions: int) -> bool:
-    """Whether no partition of a ``partitions``-way layout holds a message
-    (one partition: ``home`` itself)."""
-    if partitions == 1:
-        return await home.pending() == 0
-    for name in part_names(home.name, partitions):
+def _names(home: StorageAdapter, partitions: int) -> tuple[str, ...]:
+    """The store names of a ``partitions``-way layout (one: ``home``'s)."""
+    return (home.name,) if partitions == 1 else part_names(home.name, partitions)
+
+
+async def _seal(home: StorageAdapter, old: int, new: int) -> None:
+    """Close the partitions only ``old`` has for good, now that ``new`` is
+    recorded; log those a task came into (the lease ran out first)."""
+    leaving = [n for n in _names(home, old) if n not in _names(home, new)]
+    sealed = await on_partitions(home, leaving, "seal", new)
+    if not all(sealed):
+        logger.error(
+            "docket %s: %d of its %d partitions took a task while its partition count "
+            "changed to %d; open it with partitions=%d to run those tasks",
+            home.name,
+            sealed.count(False),
+            old,
+            new,
+            old,
+        )
+
+
+async def _empty(home: StorageAdapter, names: Sequence[str]) -> bool:
+    """Whether none of the stores ``names`` (``home``'s siblings) holds a task."""
+    for name in names:
         part = home.sibling(name)
         await part.open()
         try:
@@ -76,6 +132,26 @@ async def layout_empty(home: StorageAdapter, partitions: int) -> bool:
         finally:
             await part.close()
     return True
+
+
+async def on_partitions(
+    home: StorageAdapter, names: Sequence[str], op: ClosingStep, count: int | None
+) -> list[bool]:
+    """``close_partition(op, count)`` on each of the stores ``names``
+    (``home`` itself or its siblings)."""
+    now = time.time()
+    answers = []
+    for name in names:
+        if name == home.name:
+            answers.append(await home.close_partition(op, count, CLOSE_LEASE, now))
+            continue
+        part = home.sibling(name)
+        await part.open()
+        try:
+            answers.append(await part.close_partition(op, count, CLOSE_LEASE, now))
+        finally:
+            await part.close()
+    return answers
 
 
 def spanning_limits(policy: TaskPolicy, name: str) -> TaskPolicy:

@@ -37,7 +37,7 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup
 
-from .adapter import Depths, ReadResult, StorageAdapter, StoreEvent
+from .adapter import ClosingStep, Depths, ReadResult, StorageAdapter, StoreEvent
 from .lua.base import ScriptedStore
 from .partition_parts import part_names, settle_layout
 from .partition_reads import FairReader
@@ -113,6 +113,12 @@ class PartitionedStore:
     async def record_partitions(self, expected: int, new: int) -> int:
         """The docket's recorded partition count (in ``home``)."""
         return await self.home.record_partitions(expected, new)
+
+    async def close_partition(
+        self, op: ClosingStep, count: int | None, lease: float, now: float
+    ) -> bool:
+        """``home``'s: the one-partition layout (its docket's own namespace)."""
+        return await self.home.close_partition(op, count, lease, now)
 
     def _spawn(self) -> TaskGroup:
         assert self._group is not None, "the store is not open"

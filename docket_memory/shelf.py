@@ -27,6 +27,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from docket_core.adapter import StateEvent, StoreEvent
 from docket_core.sansio.admission import Control, ControlKind
 from docket_core.sansio.admission_state import State, expiry
+from docket_core.sansio.errors import StoreError
 from docket_core.sansio.inputs import Outcome
 from docket_core.sansio.strikes import StrikeList
 from docket_core.sansio.values import (
@@ -254,6 +255,26 @@ class Shelf:
     admission_sweep: float = 0.0
     #: how many partitions the docket is spread over (``{name}:partitions``)
     partitions: int = 1
+    #: ``("lease", count, until)`` or ``("sealed", count, inf)``: closed to new
+    #: tasks by a change of the partition count (``P:closed``, ``close.lua``)
+    closed: tuple[str, int, float] | None = None
+
+    def refuse_closed(self, now: float) -> None:
+        """Raise as ``refuse_closed`` in the scripts' prelude does."""
+        closed = self.closed
+        if closed is None or closed[2] <= now:
+            return
+        state, count, _ = closed
+        where = f"{{{self.name}}}"
+        if state == "sealed":
+            raise StoreError(
+                f"docket: {where} is closed: the docket has {count} partitions now; "
+                f"open it with partitions={count}"
+            )
+        raise StoreError(
+            f"docket: {where} is closed while the docket changes to {count} partitions; "
+            f"open it with partitions={count}"
+        )
 
     def pool(self, scope: str | None = None) -> Pool:
         """The pool of ``scope`` (``None``: this docket's own)."""
@@ -436,9 +457,7 @@ class Shelf:
             heapq.heappush(self.expiry_heap, (now + ttl, key, record.generation))
         else:
             self.records.pop(key, None)
-        self.publish_state(
-            key, record.state, completed_at=record.completed_at, error=record.error
-        )
+        self.publish_state(key, record.state, completed_at=record.completed_at, error=record.error)
 
     def cancel(
         self,

@@ -7,6 +7,8 @@ with the same ``memory://`` URL and name in one process share one ``Shelf``.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,7 +17,7 @@ import anyio
 import attrs
 from anyio.streams.memory import MemoryObjectSendStream
 
-from docket_core.adapter import Depths, ProgressEvent, ReadResult, StoreEvent
+from docket_core.adapter import ClosingStep, Depths, ProgressEvent, ReadResult, StoreEvent
 from docket_core.lua.entries import parse_entry
 from docket_core.sansio.admission import Admit, Admitted, Verdict
 from docket_core.sansio.decisions import is_live
@@ -112,6 +114,33 @@ class MemoryStore:
             self.shelf.partitions = new
         return recorded
 
+    async def close_partition(
+        self, op: ClosingStep, count: int | None, lease: float, now: float
+    ) -> bool:
+        shelf = self.shelf
+        closed = shelf.closed
+        if closed is not None and closed[2] <= now:
+            closed = shelf.closed = None  # (the lease ran out)
+        if op == "open":
+            if closed is not None and (
+                (count is not None and closed[:2] == ("lease", count))
+                or (count is None and closed[0] == "sealed")
+            ):
+                shelf.closed = None
+                return True
+            return False
+        if count is None or count < 1:
+            raise ValueError(f"closing a partition takes a partition count, not {count!r}")
+        if op == "close":
+            if await self.pending():
+                return False
+            shelf.closed = ("lease", count, now + lease)
+            return True
+        if (closed is not None and closed[:2] == ("lease", count)) or not await self.pending():
+            shelf.closed = ("sealed", count, math.inf)
+            return True
+        return False
+
     # -- effects -------------------------------------------------------------
 
     #: when false, resends act again (for tests that show why they must not)
@@ -204,6 +233,7 @@ class MemoryStore:
 
     def _schedule(self, effect: Schedule) -> Scheduled:
         shelf = self.shelf
+        shelf.refuse_closed(effect.now)
         message = effect.message
         key = message.key
         if effect.acknowledge is not None:
@@ -355,11 +385,7 @@ class MemoryStore:
         del shelf.dead[:-DEAD_LETTER_LIMIT]
         record = shelf.records.get(entry.key) if entry.key is not None else None
         # a running record belongs to whoever claimed it: a copy never fails it
-        if (
-            record is None
-            or record.state not in _WAITING
-            or record.generation != entry.generation
-        ):
+        if record is None or record.state not in _WAITING or record.generation != entry.generation:
             return Buried(delivery_id=entry.delivery_id, moved=True)
         shelf.unqueue(record.key)
         shelf.progress.pop(record.key, None)
@@ -564,6 +590,7 @@ class MemoryStore:
         record; one that still does not read, or whose key moved on, goes
         back and is set aside again (it stays here)."""
         shelf = self.shelf
+        shelf.refuse_closed(time.time())
         wanted = None if entry_ids is None else set(entry_ids)
         letters = [d for d in shelf.dead if wanted is None or d.entry_id in wanted]
         for letter in letters:

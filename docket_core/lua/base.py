@@ -20,7 +20,7 @@ from typing import Any, TypeGuard
 import anyio
 import attrs
 
-from ..adapter import Depths, ReadResult, StoreEvent
+from ..adapter import ClosingStep, Depths, ReadResult, StoreEvent
 from ..sansio.decisions import is_live
 from ..sansio.effects import StoreEffect
 from ..sansio.errors import StoreError, StoreUnavailable
@@ -351,6 +351,16 @@ class ScriptedStore(abc.ABC):
         call = self.layout.call("layout", str(expected), str(new))
         (reply,) = await self.run_calls([call])
         return int(text(reply))
+
+    async def close_partition(
+        self, op: ClosingStep, count: int | None, lease: float, now: float
+    ) -> bool:
+        # (the lease runs on the server's clock: ``now`` is the memory store's)
+        call = self.layout.call(
+            "close", op, "" if count is None else str(count), str(max(1, round(lease * 1000)))
+        )
+        (reply,) = await self.run_calls([call])
+        return int(reply) == 1
 
     async def depths(self, now: float) -> Depths:
         (reply,) = await self.run_calls([self.layout.call("inspect", "depths", number(now))])

@@ -20,6 +20,7 @@ end
 if what == 'list' then
   return {redis.call('XLEN', D), redis.call('XREVRANGE', D, '+', '-', 'COUNT', count)}
 end
+if what == 'replay' then refuse_closed() end
 if ARGV[5] == '*' and what == 'drop' then
   local n = redis.call('XLEN', D)
   redis.call('DEL', D)

@@ -124,6 +124,19 @@ local function remember_all()
   LATER = {}
 end
 
+-- refuse to add tasks to a partition closed by a change of the docket's
+-- partition count (close.lua), before any write
+local function refuse_closed()
+  local closed = redis.call('GET', P .. ':closed')
+  if not closed then return end
+  local state, count = string.match(closed, '^(%a+):(%d+)$')
+  if state == 'sealed' then
+    error('docket: ' .. P .. ' is closed: the docket has ' .. tostring(count)
+          .. ' partitions now; open it with partitions=' .. tostring(count))
+  end
+  error('docket: ' .. P .. ' is closed while the docket changes to ' .. tostring(count)
+        .. ' partitions; open it with partitions=' .. tostring(count))
+end
 local function run_key(key) return P .. ':run:' .. key end
 local function msg_key(key) return P .. ':msg:' .. key end
 local function prog_key(key) return P .. ':prog:' .. key end

@@ -9,6 +9,7 @@
 -- cancelled).  The consecutive schedules of a flush (or a batch of adds) go
 -- in one call.  Returns one {accepted, generation,
 -- state} per message; a resend answers its first outcome and does nothing.
+-- A partition closed by a change of the partition count refuses the call.
 -- the soonest due time before the first future message of this call, if any
 local before = false
 local replies = {}
@@ -63,6 +64,7 @@ local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect,
   return {1, tostring(gen), 'scheduled'}
 end
 local items = unpack_batch(ARGV[4], 12)
+refuse_closed()
 open_memo(ARGV[3])
 local seqs = {}
 for i, item in ipairs(items) do seqs[i] = item[12] end
