@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import attrs
 
@@ -32,6 +33,8 @@ SETTLE_ATTEMPTS = 5
 CLOSE_LEASE = 30.0
 
 logger = logging.getLogger("docket")
+
+_T = TypeVar("_T")
 
 
 def part_names(name: str, partitions: int) -> tuple[str, ...]:
@@ -121,37 +124,44 @@ async def _seal(home: StorageAdapter, old: int, new: int) -> None:
         )
 
 
-async def _empty(home: StorageAdapter, names: Sequence[str]) -> bool:
-    """Whether none of the stores ``names`` (``home``'s siblings) holds a task."""
+async def _on_each(
+    home: StorageAdapter, names: Sequence[str], ask: Callable[[StorageAdapter], Awaitable[_T]]
+) -> list[_T]:
+    """``ask`` each of the stores ``names``: ``home`` itself, or its siblings
+    (opened for the question and closed after)."""
+    answers = []
     for name in names:
+        if name == home.name:
+            answers.append(await ask(home))
+            continue
         part = home.sibling(name)
         await part.open()
         try:
-            if await part.pending() > 0:
-                return False
+            answers.append(await ask(part))
         finally:
             await part.close()
-    return True
+    return answers
+
+
+async def _empty(home: StorageAdapter, names: Sequence[str]) -> bool:
+    """Whether none of the stores ``names`` holds a task."""
+
+    async def pending(store: StorageAdapter) -> int:
+        return await store.pending()
+
+    return not any(await _on_each(home, names, pending))
 
 
 async def on_partitions(
     home: StorageAdapter, names: Sequence[str], op: ClosingStep, count: int | None
 ) -> list[bool]:
-    """``close_partition(op, count)`` on each of the stores ``names``
-    (``home`` itself or its siblings)."""
+    """``close_partition(op, count)`` on each of the stores ``names``."""
     now = time.time()
-    answers = []
-    for name in names:
-        if name == home.name:
-            answers.append(await home.close_partition(op, count, CLOSE_LEASE, now))
-            continue
-        part = home.sibling(name)
-        await part.open()
-        try:
-            answers.append(await part.close_partition(op, count, CLOSE_LEASE, now))
-        finally:
-            await part.close()
-    return answers
+
+    async def step(store: StorageAdapter) -> bool:
+        return await store.close_partition(op, count, CLOSE_LEASE, now)
+
+    return await _on_each(home, names, step)
 
 
 def spanning_limits(policy: TaskPolicy, name: str) -> TaskPolicy:
