@@ -133,6 +133,11 @@ class StorageAdapter(Protocol):
 
     #: the docket's name; every key of the docket lives under it
     name: str
+    #: whether ``execute`` puts its calls on the wire before it first yields
+    #: (memory: carried out at once).  A worker starts a fresh delivery's run
+    #: beside its claim only then: a run handed over at the same time cannot
+    #: make a change (a cancel of its own key) that reaches the store first
+    sends_at_once: bool
 
     async def open(self) -> None:
         """Connect; called once by ``Docket.__aenter__``."""

@@ -72,6 +72,9 @@ class PartitionedStore:
         self._stack: AsyncExitStack | None = None
         self._group: TaskGroup | None = None
         self._reader: FairReader | None = None
+        #: (``StorageAdapter.sends_at_once``): a batch's claims may wait
+        #: behind an earlier round, or go out from tasks of their own
+        self.sends_at_once = False
 
     # -- the docket-wide store's settings -------------------------------------------
 

@@ -285,6 +285,7 @@ class Worker:
             read_block=self.minimum_check_interval.total_seconds(),
             until_finished=until_finished,
             reads=True,
+            start_early=self.docket.adapter.sends_at_once,
         )
         worker_logs.log_startup(self.name, self.docket.tasks, self._log_extra)
         machine = self._machine = WorkerMachine(config, time.time())

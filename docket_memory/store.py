@@ -146,6 +146,9 @@ class MemoryStore:
     #: when false, resends act again (for tests that show why they must not)
     remember_outcomes = True
 
+    #: (``StorageAdapter.sends_at_once``: effects are carried out at once)
+    sends_at_once = True
+
     async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
         outcomes: list[Outcome] = []
         for effect in effects:

@@ -184,6 +184,8 @@ class RedisStore(ScriptedStore):
         self._max_commands = max_commands
         self._commands: anyio.Semaphore | None = None
         self._cluster = client if isinstance(client, RedisCluster) else None
+        #: a cluster pipeline writes from tasks of its own, a loop turn later
+        self.sends_at_once = self._cluster is None
         self._sentinel = isinstance(
             getattr(client, "connection_pool", None), SentinelConnectionPool
         )
@@ -259,15 +261,28 @@ class RedisStore(ScriptedStore):
         # context manager's frames when there are no turns to take
         if self._commands is None:
             return await self._run_calls(calls)
-        async with self._commands:
-            return await self._run_calls(calls)
+        return await self._in_turn(calls, False)
 
     async def run_calls_apart(self, calls: Sequence[ScriptCall]) -> list[Any]:
         # (one server: the ordered pipeline of ``run_calls``)
         if self._commands is None:
             return await self._run_calls(calls, apart=True)
-        async with self._commands:
-            return await self._run_calls(calls, apart=True)
+        return await self._in_turn(calls, True)
+
+    async def _in_turn(self, calls: Sequence[ScriptCall], apart: bool) -> list[Any]:
+        """``_run_calls`` in one of the command turns: a free turn taken
+        without yielding (``Semaphore.acquire`` gives the loop a turn even
+        then), so the calls go out before anything started beside them runs."""
+        commands = self._commands
+        assert commands is not None
+        try:
+            commands.acquire_nowait()
+        except anyio.WouldBlock:
+            await commands.acquire()
+        try:
+            return await self._run_calls(calls, apart=apart)
+        finally:
+            commands.release()
 
     def same_client(self, other: ScriptedStore) -> bool:
         return isinstance(other, RedisStore) and other.client is self.client

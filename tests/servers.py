@@ -435,6 +435,9 @@ class Cluster:
 
 # -- a sentinel set -------------------------------------------------------------------
 
+#: seconds a sentinel set's failover may show no progress before it is asked again
+FAILOVER_RESEND = 8.0
+
 
 @attrs.define
 class SentinelSet:
@@ -546,9 +549,25 @@ class SentinelSet:
         ``REPLICAOF`` at once and waits for the whole set to be healthy again;
         without, it returns in that window."""
         old = self.primary()
-        command(self.sentinel_nodes[0].port, "SENTINEL", "FAILOVER", self.service)
+        asked = [0.0]
+
+        def ask() -> None:
+            # again while the first sentinel still names the old primary: a
+            # request refused (NOGOODSLAVE: the replica not yet acceptable) or
+            # an attempt that failed is otherwise retried only after the
+            # failover timeout
+            if time.monotonic() - asked[0] < FAILOVER_RESEND:
+                return
+            asked[0] = time.monotonic()
+            try:
+                command(self.sentinel_nodes[0].port, "SENTINEL", "FAILOVER", self.service)
+            except ReplyError:
+                pass  # (INPROG: under way; NOGOODSLAVE: asked again later)
 
         def switched() -> bool:
+            if self._master_port(self.sentinel_nodes[0]) == old.port:
+                ask()
+                return False
             ports = {self._master_port(sentinel) for sentinel in self.sentinel_nodes}
             if len(ports) != 1 or old.port in ports:
                 return False

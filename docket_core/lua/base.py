@@ -107,6 +107,10 @@ def reply_error(message: str, what: str, server: str) -> StoreError:
 class ScriptedStore(abc.ABC):
     """A ``StorageAdapter`` for Redis-protocol servers, minus the client."""
 
+    #: (``StorageAdapter.sends_at_once``: an adapter whose client may yield
+    #: before it writes says False)
+    sends_at_once = True
+
     def __init__(self, *, name: str) -> None:
         self.name = name
         self.layout = Layout(name)

@@ -44,6 +44,11 @@ class WorkerConfig:
     #: the machine asks for deliveries itself (``Read``); off, they are
     #: handed in with ``Delivered`` (tests of single steps)
     reads: bool = False
+    #: fresh deliveries may start with their claim (``lifecycle``:
+    #: ``START_EARLY``): only where the store puts a call on the wire before
+    #: the call first yields (``StorageAdapter.sends_at_once``), so a run
+    #: started beside its claim cannot reach the store ahead of it
+    start_early: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.concurrency < 1:

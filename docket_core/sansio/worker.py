@@ -364,7 +364,8 @@ class WorkerMachine(SlotSteps, LeaseSteps):
             # and the read is recent: leases younger than ``fence_after``,
             # as safe from a takeover as freshly renewed ones
             early = (
-                self.accepting
+                self.config.start_early
+                and self.accepting
                 and self.outbox.resend_at is None
                 and event.now - self._read_asked_at <= self.config.fence_after
             )

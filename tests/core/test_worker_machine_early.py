@@ -123,6 +123,17 @@ def test_a_read_older_than_the_fence_starts_nothing_before_its_claim() -> None:
     assert machine.in_flight["d1"].phase is Phase.CLAIMING
 
 
+def test_no_early_start_where_the_store_may_send_the_claim_late() -> None:
+    """``start_early`` off (a store whose calls go out a loop turn later: a
+    cluster pipeline): a fresh delivery waits for its verdict to start."""
+    machine = reading_machine(start_early=False)
+    (claim,) = read_done(machine, arrival("d1"))
+    assert isinstance(claim, Claim)
+    assert machine.in_flight["d1"].phase is Phase.CLAIMING
+    (start,) = verdict(machine, claim, ClaimVerdict.CLAIMED)
+    assert isinstance(start, StartTask) and start.delivery_id == "d1"
+
+
 def test_no_early_start_while_a_failed_batch_waits_for_its_resend() -> None:
     """The claim would be held back with the batch: the run would have no
     claim on its way."""
