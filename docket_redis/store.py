@@ -94,23 +94,6 @@ def _store_errors(what: str = "a command") -> Iterator[None]:
         raise _store_error(error, what) from error
 
 
-def _may_write(call: ScriptCall) -> bool:
-    """Whether a call may write (all but the inspecting ones, and the
-    partition-count check a Docket makes on entering: ``layout`` with the
-    same count expected and recorded writes nothing).  The ``close`` step
-    ``open`` a Docket also makes on entering counts as not writing: it
-    removes a seal only where a dead change of the count left one, and if a
-    failover loses that removal the seal only refuses adds, with its error,
-    until the next opener removes it again (no task is lost)."""
-    if call.name == "inspect":
-        return False
-    if call.name == "layout" and call.args[2] == call.args[3]:
-        return False
-    if call.name == "close" and call.args[2] in ("open", b"open"):
-        return False
-    return not (call.name == "dead" and call.args[2] in ("list", b"list"))
-
-
 def _raise_first(replies: Sequence[Any]) -> None:
     for reply in replies:
         if isinstance(reply, Exception):
@@ -323,7 +306,7 @@ class RedisStore(ScriptedStore):
     async def _evalsha(self, calls: Sequence[ScriptCall]) -> list[Any]:
         if self._cluster is not None:
             return await self._evalsha_by_slot(self._cluster, calls)
-        wait = self.wait_replicas > 0 and any(_may_write(call) for call in calls)
+        wait = self.wait_replicas > 0 and any(call.durable for call in calls)
         if len(calls) == 1 and not wait:
             call = calls[0]
             # (what ``evalsha`` sends, without its two frames)

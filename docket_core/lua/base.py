@@ -202,13 +202,8 @@ class ScriptedStore(abc.ABC):
 
     def runs_apart_with(self, store: object) -> TypeGuard[ScriptedStore]:
         """Whether ``execute_apart`` may carry out ``store.execute``: a store
-        on this store's client whose ``execute`` is this algebra's own (not
-        replaced, by a subclass or on the instance)."""
-        return (
-            isinstance(store, ScriptedStore)
-            and getattr(store.execute, "__func__", None) is ScriptedStore.execute
-            and self.same_client(store)
-        )
+        on this store's client."""
+        return isinstance(store, ScriptedStore) and self.same_client(store)
 
     async def execute_apart(
         self, batches: Sequence[tuple[ScriptedStore, Sequence[StoreEffect]]]
@@ -345,14 +340,22 @@ class ScriptedStore(abc.ABC):
     #: script makes the wake stream's group again
     _repair_wake_group = False
 
+    async def _look(self, script: str, *args: str) -> Any:
+        """The reply of one call of ``script`` that only reads (no replica
+        waits for it)."""
+        (reply,) = await self.run_calls([self.layout.call(script, *args, durable=False)])
+        return reply
+
     async def pending(self) -> int:
-        (reply,) = await self.run_calls([self.layout.call("inspect", "pending", "0")])
+        reply = await self._look("inspect", "pending", "0")
         return int(reply)
 
     async def record_partitions(self, expected: int, new: int) -> int:
         if expected < 1 or new < 1:
             raise ValueError(f"partition counts are at least 1, not {expected} and {new}")
-        call = self.layout.call("layout", str(expected), str(new))
+        # (the check a Docket makes on entering, the same count expected and
+        # recorded, writes nothing)
+        call = self.layout.call("layout", str(expected), str(new), durable=expected != new)
         (reply,) = await self.run_calls([call])
         return int(text(reply))
 
@@ -360,14 +363,22 @@ class ScriptedStore(abc.ABC):
         self, op: ClosingStep, count: int | None, lease: float, now: float
     ) -> bool:
         # (the lease runs on the server's clock: ``now`` is the memory store's)
+        # the step ``open`` a Docket makes on entering is not durable: it
+        # removes a seal only where a dead change of the count left one, and
+        # a seal a failover brings back only refuses adds, with its error,
+        # until the next opener removes it again (no task is lost)
         call = self.layout.call(
-            "close", op, "" if count is None else str(count), str(max(1, round(lease * 1000)))
+            "close",
+            op,
+            "" if count is None else str(count),
+            str(max(1, round(lease * 1000))),
+            durable=op != "open",
         )
         (reply,) = await self.run_calls([call])
         return int(reply) == 1
 
     async def depths(self, now: float) -> Depths:
-        (reply,) = await self.run_calls([self.layout.call("inspect", "depths", number(now))])
+        reply = await self._look("inspect", "depths", number(now))
         return parse_depths(reply)
 
     async def get_record(self, key: str) -> ExecutionRecord | None:
@@ -459,7 +470,7 @@ class ScriptedStore(abc.ABC):
             self._strikes_seen = entry_id
 
     async def snapshot(self, now: float, limit: int = SNAPSHOT_LIMIT) -> StoreSnapshot:
-        (reply,) = await self.run_calls([self.layout.call("inspect", "snapshot", str(limit))])
+        reply = await self._look("inspect", "snapshot", str(limit))
         return parse_snapshot(reply, now)
 
     async def workers(self, now: float, horizon: float) -> list[WorkerRecord]:
@@ -477,7 +488,7 @@ class ScriptedStore(abc.ABC):
             cursor = text(cursor)
 
     async def dead_letters(self, limit: int = SNAPSHOT_LIMIT) -> tuple[int, list[DeadLetter]]:
-        (reply,) = await self.run_calls([self.layout.call("dead", "list", str(limit))])
+        reply = await self._look("dead", "list", str(limit))
         return parse_dead_letters(reply)
 
     async def replay_dead_letters(self, entry_ids: Sequence[str] | None) -> int:

@@ -89,6 +89,11 @@ class ScriptCall:
     keys: tuple[str, ...]
     args: tuple[str | bytes, ...]
     layout: Layout | None = None
+    #: whether what the call may write must outlive a failover (a store with
+    #: replicas to wait for waits after it): False for a call that writes
+    #: nothing, or nothing whose loss harms (it is written again, or only
+    #: refuses adds with its error until then)
+    durable: bool = True
 
     @property
     def tag(self) -> str:
@@ -152,11 +157,15 @@ class Layout:
         docket's prefix, or the one every docket naming ``scope`` shares."""
         return self.prefix if scope is None else "{" + scope + "}"
 
-    def call(self, name: str, *args: str | bytes) -> ScriptCall:
+    def call(self, name: str, *args: str | bytes, durable: bool = True) -> ScriptCall:
         """A call of script ``name`` in this namespace: it declares the queue
         and the fence, so a cluster client routes it to this slot's node."""
         return ScriptCall(
-            name=name, keys=(self.stream, self.fence), args=(self.prefix, GROUP, *args), layout=self
+            name=name,
+            keys=(self.stream, self.fence),
+            args=(self.prefix, GROUP, *args),
+            layout=self,
+            durable=durable,
         )
 
     def remembered_call(self, name: str, request: Request | None, *args: str | bytes) -> ScriptCall:

@@ -18,60 +18,95 @@ from docket_core.adapter import ReadResult
 from docket_core.partitioned import PartitionedStore
 from docket_core.sansio.effects import Cancel, Heartbeat, StoreEffect
 from docket_core.sansio.errors import StoreUnavailable
-from docket_core.sansio.inputs import Outcome
 from docket_core.sansio.values import Delivery, TaskMessage
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends("memory-asyncio", "redis-asyncio")]
 
 
-def traced(store: Any, name: str, log: list[tuple[str, str, float]], delay: float) -> None:
-    original = store.execute
+def traced(store: Any, method: str, name: str, log: list[Any], delay: float) -> None:
+    """Log the start and end of each ``store.method`` call, held ``delay``."""
+    original = getattr(store, method)
 
-    async def execute(effects: Sequence[StoreEffect]) -> list[Outcome]:
-        log.append(("start", name, time.monotonic()))
+    async def call(batch: Sequence[Any]) -> list[Any]:
+        log.append(("start", name, time.monotonic(), len(batch)))
         await anyio.sleep(delay)
-        outcomes: list[Outcome] = await original(effects)
-        log.append(("end", name, time.monotonic()))
-        return outcomes
+        replies: list[Any] = await original(batch)
+        log.append(("end", name, time.monotonic(), len(batch)))
+        return replies
 
-    store.execute = execute
+    setattr(store, method, call)
 
 
+def cancels_and_a_heartbeat() -> list[StoreEffect]:
+    now = time.time()
+    cancels: list[StoreEffect] = [
+        Cancel(key=key, now=now, ttl=60.0) for key in keys_in_each_partition(3)
+    ]
+    return [*cancels, Heartbeat(worker="w", tasks=(), now=now)]
+
+
+@pytest.mark.backends("memory-asyncio")
 async def test_partitions_go_side_by_side_and_the_home_store_waits(
     make_docket: Any,
 ) -> None:
     docket: Docket = await make_docket(partitions=3)
     store = docket.adapter
     assert isinstance(store, PartitionedStore)
-    log: list[tuple[str, str, float]] = []
+    log: list[tuple[str, str, float, int]] = []
     for index, part in enumerate(store.parts):
-        traced(part, f"p{index}", log, 0.2)
-    traced(store.home, "home", log, 0.0)
-    now = time.time()
-    cancels = [Cancel(key=key, now=now, ttl=60.0) for key in keys_in_each_partition(3)]
-    beat = Heartbeat(worker="w", tasks=(), now=now)
+        traced(part, "execute", f"p{index}", log, 0.2)
+    traced(store.home, "execute", "home", log, 0.0)
     started = time.monotonic()
-    outcomes = await store.execute([*cancels, beat])
+    outcomes = await store.execute(cancels_and_a_heartbeat())
     elapsed = time.monotonic() - started
     assert len(outcomes) == 4
     # three partitions of 0.2 s each, side by side: well under 0.6 s
     assert elapsed < 0.5, log
-    starts = {name: at for kind, name, at in log if kind == "start"}
-    ends = {name: at for kind, name, at in log if kind == "end"}
+    starts = {name: at for kind, name, at, _ in log if kind == "start"}
+    ends = {name: at for kind, name, at, _ in log if kind == "end"}
     assert max(starts[f"p{i}"] for i in range(3)) < min(ends[f"p{i}"] for i in range(3))
     # the heartbeat went only once every partition had answered
     assert starts["home"] >= max(ends[f"p{i}"] for i in range(3))
 
 
-async def test_a_partition_that_fails_raises_its_store_error(make_docket: Any) -> None:
+@pytest.mark.backends("redis-asyncio")
+async def test_partitions_share_one_round_trip_and_the_home_store_waits(
+    make_docket: Any,
+) -> None:
+    """On one client, the partitions' pieces of a round go in one call of
+    the client (``ScriptedStore.execute_apart``), the home store's after it."""
+    docket: Docket = await make_docket(partitions=3)
+    store = docket.adapter
+    assert isinstance(store, PartitionedStore)
+    log: list[tuple[str, str, float, int]] = []
+    traced(store.home, "run_calls_apart", "apart", log, 0.0)
+    traced(store.home, "run_calls", "home", log, 0.0)
+    outcomes = await store.execute(cancels_and_a_heartbeat())
+    assert len(outcomes) == 4
+    assert [(kind, name, calls) for kind, name, _, calls in log] == [
+        ("start", "apart", 3),  # (a cancel in each partition)
+        ("end", "apart", 3),
+        ("start", "home", 1),  # (the heartbeat)
+        ("end", "home", 1),
+        ("start", "home", 1),  # (with it, the check of the recorded count)
+        ("end", "home", 1),
+    ]
+
+
+async def test_a_partition_that_fails_raises_its_store_error(
+    make_docket: Any, backend: str
+) -> None:
     docket: Docket = await make_docket(partitions=3)
     store = docket.adapter
     assert isinstance(store, PartitionedStore)
 
-    async def unavailable(effects: Sequence[StoreEffect]) -> list[Outcome]:
+    async def unavailable(batch: Sequence[Any]) -> list[Any]:
         raise StoreUnavailable("partition 1 is gone")
 
-    store.parts[1].execute = unavailable  # type: ignore[method-assign]
+    if backend.startswith("memory"):
+        store.parts[1].execute = unavailable  # type: ignore[method-assign]
+    else:  # (the partitions' calls go through the home store's client)
+        store.home.run_calls_apart = unavailable  # type: ignore[attr-defined]
     now = time.time()
     cancels = [Cancel(key=key, now=now, ttl=60.0) for key in keys_in_each_partition(3)]
     with pytest.raises(StoreUnavailable, match="partition 1 is gone"):
