@@ -16,13 +16,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
 from .sansio.effects import StoreEffect
 from .sansio.errors import UsageError
 from .sansio.inputs import Outcome
+from .sansio.layout_change import ClosingStep as _ClosingStep
+from .sansio.layout_change import CountRecorded
 from .sansio.strikes import StrikeInstruction, StrikeList
 from .sansio.values import (
     DeadLetter,
@@ -97,7 +99,7 @@ StoreEvent = StateEvent | ProgressEvent
 
 #: the steps that close one partition of a layout while the docket's
 #: partition count changes (``StorageAdapter.close_partition``)
-ClosingStep = Literal["close", "seal", "open"]
+ClosingStep = _ClosingStep
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -152,27 +154,39 @@ class StorageAdapter(Protocol):
         is opened and closed like any store, and closing it leaves the shared
         client open (the store it came from owns it)."""
 
-    async def record_partitions(self, expected: int, new: int) -> int:
+    async def record_partitions(self, expected: int, new: int) -> CountRecorded:
         """Atomically: if the docket's recorded partition count
         (``{name}:partitions`` on the servers; absent means 1) is
-        ``expected``, record ``new`` (recording 1 removes the record).
-        Returns the count recorded before, so a result equal to ``expected``
-        means ``new`` is recorded.  Both counts are at least 1."""
+        ``expected`` and no count that left awaits its seal
+        (``{name}:leaving``), record ``new`` (recording 1 removes the
+        record) and, when ``new`` differs, record ``expected`` as leaving.
+        Returns the count and the leaving count recorded before, so a count
+        equal to ``expected`` with no leaving count means ``new`` is
+        recorded.  Both counts are at least 1
+        (``sansio.layout_change``)."""
+
+    async def forget_leaving(self, old: int) -> None:
+        """Forget the leaving count if it is ``old`` (its partitions are
+        sealed)."""
 
     async def close_partition(
-        self, op: ClosingStep, count: int | None, lease: float, now: float
+        self, op: ClosingStep, count: int, epoch: int, lease: float, now: float
     ) -> bool:
         """One step on this store's docket as one partition of a layout that
         a change of the partition count to ``count`` leaves (atomically; a
         closed partition refuses new tasks and dead-letter replays with an
-        error naming ``count``; ``partition_parts.settle_layout``):
+        error naming ``count``; ``sansio.layout_change``):
 
         - ``"close"``: close it for ``lease`` seconds, unless it holds a task
           (scheduled, queued, handed out or parked): False then, nothing done;
-        - ``"seal"``: close it for good, if it holds this count's lease or no
-          task (else False: a task came in after the lease ran out);
-        - ``"open"``: remove this count's lease, or with ``count`` None a
-          seal (False: there was none).
+          True and nothing done when it is sealed (an undo must not open it);
+        - ``"undo"``: remove this count's lease (False: there was none);
+        - ``"seal"``: close it for good as of the change ``epoch``, if it
+          holds this count's lease or no task, or a seal of ``epoch`` or a
+          later one already (else False: a task came in after the lease ran
+          out);
+        - ``"unseal"``: remove a seal of ``epoch`` or an earlier one (False:
+          there was none).
         ``now`` is the caller's clock (the memory store's leases run on it)."""
 
     async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:

@@ -39,11 +39,12 @@ from anyio.abc import TaskGroup
 
 from .adapter import ClosingStep, Depths, ReadResult, StorageAdapter, StoreEvent
 from .lua.base import ScriptedStore
-from .partition_parts import part_names, settle_layout
+from .partition_parts import finish_leaving, part_names, settle_layout
 from .partition_reads import FairReader
 from .sansio.effects import StoreEffect
 from .sansio.errors import StoreError, UsageError
 from .sansio.inputs import Outcome
+from .sansio.layout_change import CountRecorded
 from .sansio.partition_routes import HOME, Piece, merged, route
 from .sansio.partitions import layout_changed, partition_of, split_delivery_id
 from .sansio.strikes import StrikeInstruction, StrikeList
@@ -113,15 +114,18 @@ class PartitionedStore:
         """An ordinary store of docket ``name`` beside ``home``."""
         return self.home.sibling(name)
 
-    async def record_partitions(self, expected: int, new: int) -> int:
+    async def record_partitions(self, expected: int, new: int) -> CountRecorded:
         """The docket's recorded partition count (in ``home``)."""
         return await self.home.record_partitions(expected, new)
 
+    async def forget_leaving(self, old: int) -> None:
+        await self.home.forget_leaving(old)
+
     async def close_partition(
-        self, op: ClosingStep, count: int | None, lease: float, now: float
+        self, op: ClosingStep, count: int, epoch: int, lease: float, now: float
     ) -> bool:
         """``home``'s: the one-partition layout (its docket's own namespace)."""
-        return await self.home.close_partition(op, count, lease, now)
+        return await self.home.close_partition(op, count, epoch, lease, now)
 
     def _spawn(self) -> TaskGroup:
         assert self._group is not None, "the store is not open"
@@ -147,9 +151,11 @@ class PartitionedStore:
                 self._reader.forget(worker)
         if plan.checks_layout:
             recorded = await self.home.record_partitions(self.partitions, self.partitions)
-            problem = layout_changed(self.name, self.partitions, recorded)
+            problem = layout_changed(self.name, self.partitions, recorded.count)
             if problem is not None:  # (refused: the worker stops, its batch unanswered)
                 raise StoreError(problem)
+            if recorded.leaving is not None:  # (a change to our count died before its seal)
+                await finish_leaving(self.home, recorded)
         return merged(effects, plan, replies)  # type: ignore[arg-type]
 
     def _store(self, target: int) -> StorageAdapter:

@@ -331,6 +331,7 @@ class Runner:
                 error=error,
                 result=result,
                 follow_up=follow_up,
+                started_at=started,
             )
         )
         self.wake()

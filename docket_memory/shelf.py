@@ -255,14 +255,19 @@ class Shelf:
     admission_sweep: float = 0.0
     #: how many partitions the docket is spread over (``{name}:partitions``)
     partitions: int = 1
-    #: ``("lease", count, until)`` or ``("sealed", count, inf)``: closed to new
-    #: tasks by a change of the partition count (``P:closed``, ``close.lua``)
+    #: the count a change of it left, until its partitions are sealed
+    #: (``{name}:leaving``)
+    leaving: int | None = None
+    #: how many times the count changed (``{name}:epoch``)
+    epoch: int = 0
+    #: ``("lease", count, until)`` or ``("sealed", count, epoch)``: closed to
+    #: new tasks by a change of the partition count (``P:closed``, ``close.lua``)
     closed: tuple[str, int, float] | None = None
 
     def refuse_closed(self, now: float) -> None:
         """Raise as ``refuse_closed`` in the scripts' prelude does."""
         closed = self.closed
-        if closed is None or closed[2] <= now:
+        if closed is None or (closed[0] == "lease" and closed[2] <= now):
             return
         state, count, _ = closed
         where = f"{{{self.name}}}"

@@ -7,7 +7,6 @@ with the same ``memory://`` URL and name in one process share one ``Shelf``.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -47,6 +46,7 @@ from docket_core.sansio.inputs import (
     Scheduled,
     SlotTaken,
 )
+from docket_core.sansio.layout_change import CountRecorded
 from docket_core.sansio.local_slots import SlotStep
 from docket_core.sansio.strikes import StrikeInstruction, StrikeList
 from docket_core.sansio.values import (
@@ -106,38 +106,53 @@ class MemoryStore:
         shelf of its own: the location it was given, ``""`` by default)."""
         return MemoryStore(name=name, location=self.location)
 
-    async def record_partitions(self, expected: int, new: int) -> int:
+    async def record_partitions(self, expected: int, new: int) -> CountRecorded:
         if expected < 1 or new < 1:
             raise ValueError(f"partition counts are at least 1, not {expected} and {new}")
-        recorded = self.shelf.partitions
-        if recorded == expected:
-            self.shelf.partitions = new
+        shelf = self.shelf
+        recorded = CountRecorded(count=shelf.partitions, leaving=shelf.leaving, epoch=shelf.epoch)
+        if recorded.count == expected and recorded.leaving is None and expected != new:
+            shelf.partitions, shelf.leaving = new, expected
+            shelf.epoch += 1
         return recorded
 
+    async def forget_leaving(self, old: int) -> None:
+        if old < 1:
+            raise ValueError(f"partition counts are at least 1, not {old}")
+        if self.shelf.leaving == old:
+            self.shelf.leaving = None
+
     async def close_partition(
-        self, op: ClosingStep, count: int | None, lease: float, now: float
+        self, op: ClosingStep, count: int, epoch: int, lease: float, now: float
     ) -> bool:
+        if op not in ("close", "undo", "seal", "unseal") or count < 0 or epoch < 0:
+            raise ValueError(f"not a closing step: {op!r} with count {count}, epoch {epoch}")
         shelf = self.shelf
         closed = shelf.closed
-        if closed is not None and closed[2] <= now:
+        if closed is not None and closed[0] == "lease" and closed[2] <= now:
             closed = shelf.closed = None  # (the lease ran out)
-        if op == "open":
-            if closed is not None and (
-                (count is not None and closed[:2] == ("lease", count))
-                or (count is None and closed[0] == "sealed")
-            ):
-                shelf.closed = None
-                return True
-            return False
-        if count is None or count < 1:
-            raise ValueError(f"closing a partition takes a partition count, not {count!r}")
+        sealed_at = closed[2] if closed is not None and closed[0] == "sealed" else None
         if op == "close":
+            if sealed_at is not None:  # (the seal stays: an undo must not open it)
+                return True
             if await self.pending():
                 return False
             shelf.closed = ("lease", count, now + lease)
             return True
-        if (closed is not None and closed[:2] == ("lease", count)) or not await self.pending():
-            shelf.closed = ("sealed", count, math.inf)
+        if op == "undo":
+            if closed is None or closed[:2] != ("lease", count):
+                return False
+            shelf.closed = None
+            return True
+        if op == "seal":
+            if sealed_at is not None and sealed_at >= epoch:
+                return True
+            if (closed is None or closed[:2] != ("lease", count)) and await self.pending():
+                return False
+            shelf.closed = ("sealed", count, epoch)
+            return True
+        if sealed_at is not None and sealed_at <= epoch:
+            shelf.closed = None
             return True
         return False
 

@@ -35,7 +35,10 @@ sub-namespaces, so no task key can collide with an internal key):
                                 (``_floor`` and request number -> JSON outcome)
 ``P:partitions``        string  how many partitions the docket is spread over
                                 (absent: 1; ``layout.lua``, ``PartitionedStore``)
-``P:closed``            string  ``lease:<n>`` (expiring) or ``sealed:<n>``: this
+``P:leaving``           string  the count a change of it left, until that
+                                count's partitions are sealed (``layout.lua``)
+``P:epoch``             string  how many times the count changed
+``P:closed``            string  ``lease:<n>`` (expiring) or ``sealed:<n>:<e>``: this
                                 partition takes no new task, the docket's count
                                 changes or changed to n (``close.lua``)
 ``P:fence``             (none)  never written: every call declares it beside
@@ -84,8 +87,8 @@ A parked record carries ``parked`` (the limit) and ``pin`` (its ``S``); a
 running one that holds a scoped slot carries ``slot`` and ``pin``.  Permanent
 keys (no TTL while the docket is in use): ``P:q``, ``P:wake``, ``P:due``,
 ``P:dead``, ``P:parked``, ``P:stale``, ``P:workers``, ``P:strikes``,
-``P:generation``, ``P:partitions``, a sealed ``P:closed`` (an older docket's ``P:pools`` is no
-longer read).
+``P:generation``, ``P:partitions``, ``P:epoch``, a sealed ``P:closed`` (an
+older docket's ``P:pools`` is no longer read).
 ``P:did:<origin>`` expires ``remember`` after its worker's last remembered
 call, and holds only the outcomes whose replies the worker may not have had.
 A record (``P:run:<key>``) has no TTL while its key is live and

@@ -25,6 +25,7 @@ from ..sansio.decisions import is_live
 from ..sansio.effects import StoreEffect
 from ..sansio.errors import StoreError, StoreUnavailable
 from ..sansio.inputs import Outcome
+from ..sansio.layout_change import CountRecorded
 from ..sansio.strikes import StrikeInstruction, StrikeList
 from ..sansio.values import (
     DeadLetter,
@@ -40,6 +41,7 @@ from .entries import (
     parse_dead_letters,
     parse_depths,
     parse_event,
+    parse_layout,
     parse_progress,
     parse_progress_reply,
     parse_read,
@@ -350,29 +352,39 @@ class ScriptedStore(abc.ABC):
         reply = await self._look("inspect", "pending", "0")
         return int(reply)
 
-    async def record_partitions(self, expected: int, new: int) -> int:
+    async def record_partitions(self, expected: int, new: int) -> CountRecorded:
         if expected < 1 or new < 1:
             raise ValueError(f"partition counts are at least 1, not {expected} and {new}")
         # (the check a Docket makes on entering, the same count expected and
         # recorded, writes nothing)
-        call = self.layout.call("layout", str(expected), str(new), durable=expected != new)
+        call = self.layout.call(
+            "layout", "record", str(expected), str(new), durable=expected != new
+        )
         (reply,) = await self.run_calls([call])
-        return int(text(reply))
+        return parse_layout(reply)
+
+    async def forget_leaving(self, old: int) -> None:
+        if old < 1:
+            raise ValueError(f"partition counts are at least 1, not {old}")
+        # (a forget that a failover loses only makes the next opener seal
+        # again: not durable)
+        await self.run_calls([self.layout.call("layout", "forget", str(old), durable=False)])
 
     async def close_partition(
-        self, op: ClosingStep, count: int | None, lease: float, now: float
+        self, op: ClosingStep, count: int, epoch: int, lease: float, now: float
     ) -> bool:
         # (the lease runs on the server's clock: ``now`` is the memory store's)
-        # the step ``open`` a Docket makes on entering is not durable: it
-        # removes a seal only where a dead change of the count left one, and
-        # a seal a failover brings back only refuses adds, with its error,
-        # until the next opener removes it again (no task is lost)
+        # the ``unseal`` a Docket makes on entering is not durable: it removes
+        # a seal only where a change away was undone since, and a seal a
+        # failover brings back only refuses adds, with its error, until the
+        # next opener removes it again (no task is lost)
         call = self.layout.call(
             "close",
             op,
-            "" if count is None else str(count),
+            str(count),
+            str(epoch),
             str(max(1, round(lease * 1000))),
-            durable=op != "open",
+            durable=op != "unseal",
         )
         (reply,) = await self.run_calls([call])
         return int(reply) == 1

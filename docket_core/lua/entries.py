@@ -19,6 +19,7 @@ from typing import Any
 
 from ..adapter import Depths, ProgressEvent, ReadResult, StateEvent, StoreEvent
 from ..sansio.errors import StoreError
+from ..sansio.layout_change import CountRecorded
 from ..sansio.values import (
     DEFAULT_PROGRESS_TOTAL,
     DeadLetter,
@@ -307,6 +308,24 @@ def parse_depths(reply: Any) -> Depths:
     except (TypeError, ValueError) as error:
         raise StoreError(f"unexpected reply to a depth count: {reply!r:.200}") from error
     return Depths(queued=queued, scheduled=scheduled, held=held)
+
+
+def parse_layout(reply: Any) -> CountRecorded:
+    """The reply of ``layout``: ``{count, leaving or '', epoch}``."""
+    try:
+        count, leaving, epoch = (text(part) for part in reply)
+        recorded = CountRecorded(
+            count=int(count), leaving=int(leaving) if leaving else None, epoch=int(epoch)
+        )
+    except (TypeError, ValueError) as error:
+        raise StoreError(f"unexpected reply to a partition count: {reply!r:.200}") from error
+    if (
+        recorded.count < 1
+        or (recorded.leaving is not None and recorded.leaving < 1)
+        or recorded.epoch < 0
+    ):
+        raise StoreError(f"unexpected reply to a partition count: {reply!r:.200}")
+    return recorded
 
 
 def parse_event(data: bytes) -> StoreEvent | None:

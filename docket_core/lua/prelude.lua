@@ -129,7 +129,7 @@ end
 local function refuse_closed()
   local closed = redis.call('GET', P .. ':closed')
   if not closed then return end
-  local state, count = string.match(closed, '^(%a+):(%d+)$')
+  local state, count = string.match(closed, '^(%a+):(%d+)')
   if state == 'sealed' then
     error('docket: ' .. P .. ' is closed: the docket has ' .. tostring(count)
           .. ' partitions now; open it with partitions=' .. tostring(count))

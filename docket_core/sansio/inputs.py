@@ -117,7 +117,9 @@ class TaskEnded(Input):
     """A task function returned, raised or was cancelled.
 
     ``error`` is ``"Type: message"``; ``result`` the pickled return value (or
-    exception) to keep, or ``None``."""
+    exception) to keep, or ``None``.  ``started_at``: when the function
+    started, by the runtime's clock (``None``: when the machine started it),
+    which a perpetual task's next run counts from."""
 
     delivery_id: str
     now: float
@@ -125,6 +127,7 @@ class TaskEnded(Input):
     error: str | None = None
     result: bytes | None = None
     follow_up: FollowUp | None = None
+    started_at: float | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)

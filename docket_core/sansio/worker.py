@@ -611,7 +611,7 @@ class WorkerMachine(SlotSteps, LeaseSteps):
             ended=event,
             outcome=outcome,
             error=error,
-            started_at=flight.started_at,
+            started_at=flight.started_at if event.started_at is None else event.started_at,
             execution_ttl=self.config.execution_ttl,
             request=request,
             cancelled=cancelled,

@@ -1,9 +1,10 @@
 """A change of a docket's partition count closes the old layout to new
-tasks (``partition_parts.settle_layout``, ``close.lua``), on every backend:
+tasks (``sansio.layout_change``, ``close.lua``), on every backend:
 a producer still open with the old count gets a clear error instead of
 adding a task no worker of the new count reads; a change that dies half way
-heals (its lease runs out, or the next opener of the recorded count removes
-its seals); a refused change leaves the old layout open."""
+heals (its lease runs out, or the next opener of the recorded count, or a
+partitioned worker at its heartbeat, finishes it); a refused change leaves
+the old layout open."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from docket_core import Docket
 from docket_core.lua.base import ScriptedStore
 from docket_core.partition_parts import part_names
+from docket_core.sansio.effects import Heartbeat
 from docket_core.sansio.errors import StoreError, UsageError
 from docket_core.sansio.partitions import partition_of
 
@@ -92,14 +94,14 @@ async def test_a_change_that_died_after_closing_heals_when_its_lease_runs_out(
     producer = await make_docket()
     producer.register(task)
     store = producer.adapter
-    assert await store.close_partition("close", 3, 0.3, time.time())
+    assert await store.close_partition("close", 3, 0, 0.3, time.time())
     with pytest.raises(StoreError, match="is closed while the docket changes to 3 partitions"):
         await producer.add(task, when=later(), key="refused")()
     await anyio.sleep(0.45)
     await producer.add(task, when=later(), key="taken")()
     assert await store.pending() == 1
     # a change that comes back after its lease ran out finds the task in
-    assert not await store.close_partition("seal", 3, 30.0, time.time())
+    assert not await store.close_partition("seal", 3, 1, 30.0, time.time())
     await producer.add(task, when=later(), key="still")()  # (not sealed)
 
 
@@ -110,19 +112,42 @@ async def test_the_next_opener_of_the_recorded_count_removes_a_left_seal(
     producer = await make_docket(name)
     producer.register(task)
     store = producer.adapter
-    # a change to 3 that died after its compare-and-set was undone (here: the
-    # count is still 1) but before it opened this layout again
-    assert await store.close_partition("seal", 3, 30.0, time.time())
+    # a change to 3 (its epoch: the one recorded now) was undone since, and
+    # nobody opened this layout again after it
+    assert await store.close_partition("seal", 3, 0, 30.0, time.time())
     with pytest.raises(StoreError, match="has 3 partitions now"):
         await producer.add(task, when=later(), key="refused")()
     with pytest.raises(StoreError, match="has 3 partitions now"):
         await store.replay_dead_letters(None)
-    assert not await store.close_partition("open", 3, 30.0, time.time())  # (not a lease)
+    assert not await store.close_partition("undo", 3, 0, 30.0, time.time())  # (not a lease)
     async with Docket(name=name, url=docket_url):
         pass
     await producer.add(task, when=later(), key="taken")()
     assert await store.pending() == 1
-    assert not await store.close_partition("open", None, 30.0, time.time())  # (none left)
+    assert not await store.close_partition("unseal", 0, 0, 30.0, time.time())  # (none left)
+
+
+async def test_an_opener_keeps_the_seal_of_a_change_after_its_look(
+    make_docket: MakeDocket, docket_url: str
+) -> None:
+    """A seal from a change later than the count an opener read stays: that
+    change went away from the opener's layout after the opener looked."""
+    name = f"closing-{uuid.uuid4().hex}"
+    producer = await make_docket(name)
+    producer.register(task)
+    store = producer.adapter
+    assert await store.close_partition("seal", 3, 1, 30.0, time.time())  # (epoch 1 > 0)
+    async with Docket(name=name, url=docket_url):
+        pass
+    with pytest.raises(StoreError, match="has 3 partitions now"):
+        await producer.add(task, when=later(), key="refused")()
+    assert await store.close_partition("seal", 2, 1, 30.0, time.time())  # (sealed already)
+    assert await store.close_partition("close", 2, 0, 30.0, time.time())  # (the seal stays)
+    assert not await store.close_partition("undo", 2, 0, 30.0, time.time())
+    with pytest.raises(StoreError, match="has 3 partitions now"):
+        await producer.add(task, when=later(), key="refused")()
+    assert await store.close_partition("unseal", 0, 1, 30.0, time.time())
+    await producer.add(task, when=later(), key="taken")()
 
 
 async def test_closing_refuses_a_partition_that_holds_a_task(make_docket: MakeDocket) -> None:
@@ -130,18 +155,91 @@ async def test_closing_refuses_a_partition_that_holds_a_task(make_docket: MakeDo
     producer.register(task)
     store = producer.adapter
     await producer.add(task, when=later(), key="waiting")()
-    assert not await store.close_partition("close", 3, 30.0, time.time())
+    assert not await store.close_partition("close", 3, 0, 30.0, time.time())
     await producer.add(task, when=later(), key="more")()  # (nothing written)
-    assert await store.close_partition("seal", 3, 30.0, time.time()) is False
+    assert await store.close_partition("seal", 3, 1, 30.0, time.time()) is False
 
 
 async def test_the_close_script_checks_its_inputs(make_docket: MakeDocket) -> None:
     store = (await make_docket()).adapter
     with pytest.raises((ValueError, StoreError)):
-        await store.close_partition("close", None, 30.0, time.time())
+        await store.close_partition("shut", 3, 0, 30.0, time.time())  # type: ignore[arg-type]
     if not isinstance(store, ScriptedStore):
         return  # (the memory store has no script)
-    for bad in (("shut", "3", "10"), ("close", "x", "10"), ("close", "3", "0"), ("seal", "", "10")):
-        with pytest.raises(StoreError, match="close takes close, seal or open"):
+    for bad in (
+        ("shut", "3", "0", "10"),
+        ("close", "x", "0", "10"),
+        ("close", "3", "0", "0"),
+        ("seal", "", "0", "10"),
+        ("seal", "3", "y", "10"),
+        ("open", "3", "0", "10"),
+    ):
+        with pytest.raises(StoreError, match="close takes close, undo, seal or unseal"):
             await store.run_calls([store.layout.call("close", *bad)])
-    assert await store.close_partition("open", None, 1.0, time.time()) is False
+    assert await store.close_partition("unseal", 0, 0, 1.0, time.time()) is False
+
+
+def two_only() -> tuple[str, str]:
+    """A docket name whose 2-partition layout has a partition 3's has not
+    (2's and 3's may share both of 2's), and a key of that partition."""
+    while True:
+        name = f"closing-{uuid.uuid4().hex}"
+        three = set(part_names(name, 3))
+        for key in (f"k-{n}" for n in range(100)):
+            if part_names(name, 2)[partition_of(key, 2)] not in three:
+                return name, key
+
+
+async def died_after_its_compare_and_set(
+    make_docket: MakeDocket, name: str
+) -> tuple[Docket, Docket]:
+    """A docket of 3 (``three``, its store opened), then one opened with 2
+    (``two``: the count changed to 2), then a change back to 3 that died
+    right after recording 3: 2's partitions still open, its seal owed."""
+    three = await make_docket(name, partitions=3)
+    two = await make_docket(name, partitions=2)
+    for docket in (three, two):
+        docket.register(task)
+    recorded = await three.adapter.record_partitions(2, 3)
+    assert recorded.count == 2 and recorded.leaving is None
+    assert (await three.adapter.record_partitions(3, 3)).leaving == 2
+    return three, two
+
+
+async def test_the_next_opener_seals_what_a_change_that_died_after_recording_left(
+    make_docket: MakeDocket, docket_url: str
+) -> None:
+    name, key = two_only()
+    three, two = await died_after_its_compare_and_set(make_docket, name)
+    async with Docket(name=name, url=docket_url, partitions=3):
+        pass
+    with pytest.raises(StoreError, match="has 3 partitions now"):
+        await two.add(task, when=later(), key=key)()
+    recorded = await three.adapter.record_partitions(3, 3)
+    assert recorded.count == 3 and recorded.leaving is None
+    # the seals the change to 2 left on 3's layout are gone: it takes tasks
+    for n in range(12):
+        await three.add(task, when=later(), key=f"three-{n}")()
+
+
+@pytest.mark.parametrize("strays", [False, True])
+async def test_a_partitioned_worker_seals_at_its_heartbeat_what_a_dead_change_left(
+    make_docket: MakeDocket, caplog: pytest.LogCaptureFixture, strays: bool
+) -> None:
+    name, key = two_only()
+    three, two = await died_after_its_compare_and_set(make_docket, name)
+    if strays:  # (added while nothing kept it out: reported, not lost silently)
+        await two.add(task, when=later(), key=key)()
+    store = three.adapter
+    await store.execute([Heartbeat(worker="w", tasks=(), now=time.time())])
+    recorded = await store.record_partitions(3, 3)
+    assert recorded.count == 3 and recorded.leaving is None
+    reported = [r.getMessage() for r in caplog.records if "took a task" in r.getMessage()]
+    if strays:
+        assert len(reported) == 1 and "changed to 3; open it with partitions=2" in reported[0]
+        return
+    assert reported == []
+    with pytest.raises(StoreError, match="has 3 partitions now"):
+        await two.add(task, when=later(), key=key)()
+    for n in range(12):
+        await three.add(task, when=later(), key=f"three-{n}")()

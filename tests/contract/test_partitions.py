@@ -21,6 +21,7 @@ from docket_core.lua.base import ScriptedStore
 from docket_core.partitioned import PartitionedStore
 from docket_core.sansio.effects import Heartbeat
 from docket_core.sansio.errors import StoreError, UsageError
+from docket_core.sansio.layout_change import CountRecorded
 from docket_core.sansio.partitions import partition_of
 
 pytestmark = pytest.mark.anyio
@@ -236,10 +237,10 @@ async def test_one_partition_is_refused_while_the_recorded_ones_hold_tasks(
     with pytest.raises(UsageError, match="holds tasks in 3 partitions: open it with partitions=3"):
         async with Docket(name=name, url=docket_url):
             pass
-    assert await docket.adapter.record_partitions(3, 3) == 3  # (left as it was)
+    assert (await docket.adapter.record_partitions(3, 3)).count == 3  # (left as it was)
     await docket.clear()
     async with Docket(name=name, url=docket_url) as plain:  # drained: allowed
-        assert await plain.adapter.record_partitions(1, 1) == 1
+        assert await plain.adapter.record_partitions(1, 1) == at(1)
         plain.register(task)
         await plain.add(task, when=later(), key="waiting")()
     with pytest.raises(UsageError, match="holds tasks in 1 partitions"):
@@ -247,23 +248,49 @@ async def test_one_partition_is_refused_while_the_recorded_ones_hold_tasks(
             pass
 
 
+def at(count: int, leaving: int | None = None, epoch: int | None = None) -> Any:
+    """A ``CountRecorded`` of ``count`` and ``leaving``, of any epoch unless given."""
+
+    class Matches:
+        def __eq__(self, other: object) -> bool:
+            return (
+                isinstance(other, CountRecorded)
+                and (other.count, other.leaving) == (count, leaving)
+                and (epoch is None or other.epoch == epoch)
+            )
+
+        def __repr__(self) -> str:
+            return f"at({count}, {leaving}, {epoch})"
+
+    return Matches()
+
+
 async def test_record_partitions_compares_and_sets(make_docket: MakeDocket) -> None:
     docket = await make_docket()
     store = docket.adapter
-    assert await store.record_partitions(1, 1) == 1  # absent: 1
-    assert await store.record_partitions(2, 5) == 1  # not 2: unchanged
-    assert await store.record_partitions(1, 1) == 1
-    assert await store.record_partitions(1, 4) == 1  # recorded
-    assert await store.record_partitions(4, 4) == 4
-    assert await store.record_partitions(1, 3) == 4  # not 1: unchanged
-    assert await store.record_partitions(4, 1) == 4  # back to 1 (the key goes)
-    assert await store.record_partitions(1, 1) == 1
+    assert await store.record_partitions(1, 1) == at(1)  # absent: 1
+    assert await store.record_partitions(2, 5) == at(1)  # not 2: unchanged
+    assert await store.record_partitions(1, 4) == at(1, epoch=0)  # recorded, 1 leaving
+    assert await store.record_partitions(4, 4) == at(4, 1, epoch=1)
+    assert await store.record_partitions(4, 2) == at(4, 1)  # a seal owed: unchanged
+    await store.forget_leaving(3)  # (not the leaving count: kept)
+    assert await store.record_partitions(4, 4) == at(4, 1)
+    await store.forget_leaving(1)
+    assert await store.record_partitions(4, 4) == at(4)
+    assert await store.record_partitions(1, 3) == at(4)  # not 1: unchanged
+    assert await store.record_partitions(4, 1) == at(4)  # back to 1 (the key goes)
+    assert await store.record_partitions(1, 1) == at(1, 4, epoch=2)
+    await store.forget_leaving(4)
+    assert await store.record_partitions(1, 1) == at(1)
     with pytest.raises(ValueError):
         await store.record_partitions(0, 1)
+    with pytest.raises(ValueError):
+        await store.forget_leaving(0)
     if isinstance(store, ScriptedStore):  # the script checks before it writes
-        with pytest.raises(StoreError, match="whole numbers"):
-            await store.run_calls([store.layout.call("layout", "1", "0")])
-        assert await store.record_partitions(1, 1) == 1
+        for args in [("record", "1", "0"), ("forget", "x"), ("move", "1", "2"), ("record", "2")]:
+            with pytest.raises(StoreError, match="layout takes record"):
+                await store.run_calls([store.layout.call("layout", *args)])
+        assert await store.record_partitions(1, 1) == at(1)
 
 
 async def test_a_worker_stops_when_the_recorded_count_changes(make_docket: MakeDocket) -> None:
@@ -286,7 +313,7 @@ async def test_a_worker_stops_when_the_recorded_count_changes(make_docket: MakeD
             while beats < 3:  # (heartbeats with the recorded count: it runs on)
                 await anyio.sleep(0.01)
         # drained, the docket was opened with 2 partitions elsewhere
-        assert await store.record_partitions(3, 2) == 3
+        assert await store.record_partitions(3, 2) == at(3)
 
     with anyio.fail_after(20):
         async with anyio.create_task_group() as group:
@@ -312,16 +339,18 @@ async def test_a_sibling_shares_the_connection(make_docket: MakeDocket, docket_u
     async with Docket(name=name, adapter=sibling) as beside:
         beside.register(task)
         await beside.add(task, when=later(), key="beside")()
-        assert await sibling.record_partitions(1, 2) == 1  # its own count, apart
-        assert await store.record_partitions(1, 1) == 1
-        assert await sibling.record_partitions(2, 1) == 2
+        assert await sibling.record_partitions(1, 2) == at(1)  # its own count, apart
+        assert await store.record_partitions(1, 1) == at(1)
+        await sibling.forget_leaving(1)
+        assert await sibling.record_partitions(2, 1) == at(2)
+        await sibling.forget_leaving(2)
     async with Docket(name=name, url=docket_url) as same:  # the same place
         assert await same.adapter.pending() == 1
         assert await same.get_execution("beside") is not None
     # closing the sibling left the client it shares open
     await docket.add(task, when=later(), key="home")()
     assert await store.pending() == 1
-    assert await store.record_partitions(1, 1) == 1
+    assert await store.record_partitions(1, 1) == at(1)
     again = store.sibling(name)
     await again.open()
     try:

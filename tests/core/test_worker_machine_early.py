@@ -33,7 +33,7 @@ from docket_core.sansio.inputs import (
 )
 from docket_core.sansio.lifecycle import Phase
 from docket_core.sansio.local_slots import SlotStep
-from docket_core.sansio.values import ExecutionState, RetryPolicy, TaskPolicy
+from docket_core.sansio.values import ExecutionState, PerpetualPolicy, RetryPolicy, TaskPolicy
 from docket_core.sansio.worker import WorkerMachine
 
 RETRY = TaskPolicy(retry=RetryPolicy(attempts=3, delay=1.0))
@@ -286,3 +286,20 @@ def test_a_claim_given_up_after_a_stall_stops_the_run() -> None:
     assert stops == [CancelTask(delivery_id="d1", reason=StopReason.LEASE_LOST)]
     assert machine.in_flight["d1"].phase is Phase.ABANDONING
     assert machine.counters["given_up"] == 1 and machine.counters["fenced"] == 0
+
+
+@pytest.mark.parametrize("reported", [None, 0.5])
+def test_a_perpetual_run_counts_its_next_start_from_when_its_function_started(
+    reported: float | None,
+) -> None:
+    """Start to start: from the start the runtime reports with the end (the
+    function may begin later than the machine handed it over), else from
+    the hand-over."""
+    machine = reading_machine()
+    policy = TaskPolicy(perpetual=PerpetualPolicy(every=1.0))
+    claim = started_early(machine, arrival("d1", policy=policy))  # (handed over at 0.1)
+    verdict(machine, claim, ClaimVerdict.CLAIMED)
+    (again,) = of_type(
+        end(machine, "d1", TaskOutcome.SUCCEEDED, now=1.2, started_at=reported), Schedule
+    )
+    assert again.message.when == (1.5 if reported is not None else 1.2)
