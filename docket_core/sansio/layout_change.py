@@ -8,8 +8,10 @@ The home store records the count a docket's producers and workers use
 that count's partitions are sealed.  A producer still open with an old count
 adds where no worker of the new count reads; so a change from the recorded
 count R to N first *closes* R's partitions that N has not (each atomically,
-only if it holds no task, under a lease of ``CLOSE_LEASE`` seconds: closed,
-a partition refuses adds with an error naming N), checks that the partitions
+only if it holds no task, under a lease of ``CLOSE_LEASE`` seconds; a
+sealed one stays sealed, so a change that gives up and undoes its leases
+never opens what another change sealed; closed, a partition refuses adds
+with an error naming N), checks that the partitions
 both layouts share are empty, then records N by compare-and-set (which also
 records ``leaving = R``, and fails while an earlier change's seal is
 pending), *seals* R's partitions (closed for good) and forgets ``leaving``.
