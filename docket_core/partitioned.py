@@ -73,8 +73,7 @@ class PartitionedStore:
         self._stack: AsyncExitStack | None = None
         self._group: TaskGroup | None = None
         self._reader: FairReader | None = None
-        #: (``StorageAdapter.sends_at_once``): a batch's claims may wait
-        #: behind an earlier round, or go out from tasks of their own
+        #: (``StorageAdapter.sends_at_once``): set on opening
         self.sends_at_once = False
 
     # -- the docket-wide store's settings -------------------------------------------
@@ -109,6 +108,16 @@ class PartitionedStore:
             raise
         self._stack = stack
         self._reader = FairReader(self.parts, self._spawn)
+        # the first round of a batch (where a worker's claim of runs that
+        # start with it leads) goes out at once where one client of the
+        # home store's that does so sends each round (``execute_apart``);
+        # separate stores (memory) go side by side, from tasks of their own
+        home = self.home
+        self.sends_at_once = (
+            isinstance(home, ScriptedStore)
+            and home.sends_at_once
+            and all(home.runs_apart_with(part) for part in self.parts)
+        )
 
     def sibling(self, name: str) -> StorageAdapter:
         """An ordinary store of docket ``name`` beside ``home``."""

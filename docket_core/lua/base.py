@@ -253,10 +253,10 @@ class ScriptedStore(abc.ABC):
                     errors.append(error)
 
             async with anyio.create_task_group() as group:
-                if together:
-                    group.start_soon(run, joint)
                 for index in alone:
                     group.start_soon(run, single, index)
+                if together:  # (here: its calls go out before the first yield)
+                    await run(joint)
             if errors:
                 raise errors[0]
         return [

@@ -431,9 +431,17 @@ class WorkerMachine(SlotSteps, LeaseSteps):
             request = self.outbox.request()
             for flight in claiming:
                 flight.claim_seq = request.seq
-            self._effects.append(
-                Claim(worker=self.config.name, items=tuple(claims), now=now, request=request)
-            )
+            claim = Claim(worker=self.config.name, items=tuple(claims), now=now, request=request)
+            if starts:
+                # runs that start with their claim: it leads the batch, so a
+                # store that sends the first round of a batch at once (a
+                # partitioned docket) has it on the wire before they run.  It
+                # touches only these fresh deliveries, so it commutes with
+                # what waits (other deliveries' ends, takes and rejects), as
+                # another worker's steps would interleave with them
+                self._effects.insert(0, claim)
+            else:
+                self._effects.append(claim)
         for flight in starts:  # (the claim goes out first)
             flight.started_at = now
             self.counters[_STARTED] += 1

@@ -28,6 +28,7 @@ from docket_core.sansio.inputs import (
     LeasesRenewed,
     ReadDone,
     ReplyLost,
+    TaskEnded,
     TaskOutcome,
     Tick,
 )
@@ -303,3 +304,20 @@ def test_a_perpetual_run_counts_its_next_start_from_when_its_function_started(
         end(machine, "d1", TaskOutcome.SUCCEEDED, now=1.2, started_at=reported), Schedule
     )
     assert again.message.when == (1.5 if reported is not None else 1.2)
+
+
+def test_a_claim_of_runs_that_start_with_it_leads_its_batch() -> None:
+    """What waits to be sent (another run's end) goes after it: a store that
+    sends a batch's first round at once has the claim out before the runs."""
+    machine = reading_machine()
+    claim = started_early(machine, arrival("d1"))
+    verdict(machine, claim, ClaimVerdict.CLAIMED)
+    machine.receive(TaskEnded(delivery_id="d1", now=0.3, outcome=TaskOutcome.SUCCEEDED))
+    machine.receive(Tick(now=0.3))
+    machine.receive(ReadDone(arrivals=(arrival("d2"),), next_due=None, now=0.35))
+    effects = [e for e in machine.effects() if not isinstance(e, Read)]
+    assert [type(e) for e in effects] == [Claim, Finish, StartTask]
+    (claim2, finish, start) = effects
+    assert isinstance(claim2, Claim) and [i.delivery_id for i in claim2.items] == ["d2"]
+    assert isinstance(finish, Finish) and finish.delivery_id == "d1"
+    assert isinstance(start, StartTask) and start.delivery_id == "d2"
