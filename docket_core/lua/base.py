@@ -38,6 +38,7 @@ from ..serialization import MalformedStrike, Signing, dumps_strike, parse_strike
 from .acl import acl_refusal
 from .entries import (
     parse_cancellation,
+    parse_count,
     parse_dead_letters,
     parse_depths,
     parse_event,
@@ -350,7 +351,7 @@ class ScriptedStore(abc.ABC):
 
     async def pending(self) -> int:
         reply = await self._look("inspect", "pending", "0")
-        return int(reply)
+        return parse_count(reply, "a pending count")
 
     async def record_partitions(self, expected: int, new: int) -> CountRecorded:
         if expected < 1 or new < 1:
@@ -387,7 +388,7 @@ class ScriptedStore(abc.ABC):
             durable=op != "unseal",
         )
         (reply,) = await self.run_calls([call])
-        return int(reply) == 1
+        return parse_count(reply, "a closing step") == 1
 
     async def depths(self, now: float) -> Depths:
         reply = await self._look("inspect", "depths", number(now))

@@ -310,6 +310,14 @@ def parse_depths(reply: Any) -> Depths:
     return Depths(queued=queued, scheduled=scheduled, held=held)
 
 
+def parse_count(reply: Any, what: str) -> int:
+    """A script's whole-number reply (a count, or a 0/1 flag)."""
+    try:
+        return int(reply)
+    except (TypeError, ValueError) as error:
+        raise StoreError(f"unexpected reply to {what}: {reply!r:.200}") from error
+
+
 def parse_layout(reply: Any) -> CountRecorded:
     """The reply of ``layout``: ``{count, leaving or '', epoch}``."""
     try:

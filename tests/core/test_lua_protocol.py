@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from docket_core.lua.entries import pack, unpack_fields
+from docket_core.lua.entries import pack, parse_count, parse_layout, unpack_fields
 from docket_core.lua.protocol import (
     BATCHED,
     GROUP,
@@ -710,3 +710,20 @@ def test_a_reply_of_another_shape_is_a_store_error(
     calls = calls_for(LAYOUT, effects)
     with pytest.raises(StoreError, match=r"answered|unexpected reply"):
         outcomes_for(effects, calls, replies)
+
+
+@pytest.mark.parametrize("reply", [b"x", None, [1], b""])
+def test_a_count_or_layout_reply_of_another_shape_is_a_store_error(reply: object) -> None:
+    with pytest.raises(StoreError, match="unexpected reply to a closing step"):
+        parse_count(reply, "a closing step")
+    with pytest.raises(StoreError, match="unexpected reply to a partition count"):
+        parse_layout(reply)
+
+
+def test_a_count_and_a_layout_read_as_numbers() -> None:
+    assert parse_count(b"1", "a closing step") == 1
+    recorded = parse_layout([b"3", b"", b"2"])
+    assert (recorded.count, recorded.leaving, recorded.epoch) == (3, None, 2)
+    assert parse_layout([b"3", b"1", b"2"]).leaving == 1
+    with pytest.raises(StoreError):
+        parse_layout([b"0", b"", b"0"])  # (a count is at least 1)
