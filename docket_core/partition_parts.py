@@ -49,10 +49,9 @@ logger = logging.getLogger("docket")
 _T = TypeVar("_T")
 
 
-def part_names(name: str, partitions: int) -> tuple[str, ...]:
-    """The store names of docket ``name``'s partitions: each tag's inner
-    text (``orders|0.1``, whose keys are ``{orders|0.1}:...``)."""
-    return layout_names(name, partitions)
+#: the store names of docket ``name``'s partitions: each tag's inner text
+#: (``orders|0.1``, whose keys are ``{orders|0.1}:...``)
+part_names = layout_names
 
 
 async def settle_layout(home: StorageAdapter, partitions: int) -> None:
@@ -66,10 +65,12 @@ async def settle_layout(home: StorageAdapter, partitions: int) -> None:
 
 
 async def finish_leaving(home: StorageAdapter, recorded: CountRecorded) -> None:
-    """Seal the partitions of the count that a change to ``recorded.count``
-    left, and forget it (``LayoutChange.finishing``: a partitioned worker's
-    heartbeat read ``recorded`` with the seal owed)."""
-    await _carry_out(home, LayoutChange.finishing(home.name, recorded))
+    """What ``LayoutChange.owed`` says a partitioned worker's heartbeat,
+    which read ``recorded``, owes: seal the partitions of the count a change
+    to ``recorded.count`` left, and forget it; or nothing."""
+    change = LayoutChange.owed(home.name, recorded)
+    if change is not None:
+        await _carry_out(home, change)
 
 
 async def _carry_out(home: StorageAdapter, change: LayoutChange) -> None:

@@ -163,8 +163,7 @@ class PartitionedStore:
             problem = layout_changed(self.name, self.partitions, recorded.count)
             if problem is not None:  # (refused: the worker stops, its batch unanswered)
                 raise StoreError(problem)
-            if recorded.leaving is not None:  # (a change to our count died before its seal)
-                await finish_leaving(self.home, recorded)
+            await finish_leaving(self.home, recorded)  # (a dead change's seal, if owed)
         return merged(effects, plan, replies)  # type: ignore[arg-type]
 
     def _store(self, target: int) -> StorageAdapter:

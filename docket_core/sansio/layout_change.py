@@ -244,6 +244,15 @@ class LayoutChange:
         self._attempts = 1
 
     @classmethod
+    def owed(cls, name: str, recorded: CountRecorded) -> LayoutChange | None:
+        """What a partitioned worker does after its heartbeat's check read
+        ``recorded`` (its own count): ``finishing`` when a seal is owed,
+        else nothing."""
+        if recorded.leaving is None or recorded.leaving == recorded.count:
+            return None
+        return cls.finishing(name, recorded)
+
+    @classmethod
     def finishing(cls, name: str, recorded: CountRecorded) -> LayoutChange:
         """A partitioned worker's run at its heartbeat, which read
         ``recorded`` with a seal owed: seal the leaving count's partitions,
