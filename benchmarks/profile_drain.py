@@ -163,6 +163,7 @@ async def main(args: argparse.Namespace, url: str) -> None:
             minimum_check_interval=timedelta(milliseconds=10),
             scheduling_resolution=timedelta(milliseconds=10),
             schedule_automatic_tasks=False,
+            freeze_gc=args.freeze_gc,
         )
         profiler: Any = (
             Profiler(interval=args.interval, async_mode="disabled")
@@ -261,6 +262,9 @@ def cli() -> None:
     )
     parser.add_argument("--backend", default="asyncio", choices=LOOPS, help="the event loop")
     parser.add_argument("--partitions", type=int, default=1, help="the docket's partitions")
+    parser.add_argument(
+        "--freeze-gc", action="store_true", help="Worker(freeze_gc=True), as docket worker runs"
+    )
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--detail", type=int, default=4, help="operations to break down")
     parser.add_argument(

@@ -43,7 +43,7 @@ from .docket import Docket
 from .execution import Execution
 from .health import Health, HealthState, close_healthcheck, serve_healthcheck, stop_signals
 from .perpetual import first_run
-from .running import Runner, decode, loop_options
+from .running import Runner, decode, frozen_heap, loop_options
 from .sansio.admission import Blocked, blocked_message
 from .sansio.effects import CancelTask, Effect, Read, SeedPerpetuals, StartTask, StoreEffect
 from .sansio.errors import StoreError, StoreUnavailable, UsageError
@@ -92,6 +92,7 @@ class Worker:
         drain_timeout: timedelta | None = None,
         handle_signals: bool = True,
         dependencies: Mapping[str, Any] | Sequence[Any] | None = None,
+        freeze_gc: bool = False,
     ) -> None:
         """``dependencies`` (by name, or a sequence) resolve around every run
         of this worker, and are not passed to the tasks; their ``Shared``
@@ -112,8 +113,16 @@ class Worker:
         Run in the main thread, the worker drains on SIGTERM or SIGINT and
         stops at once on the second one; ``handle_signals=False`` leaves the
         signals alone, for a worker embedded in a host (a web server's
-        lifespan) that owns them and cancels the worker to stop it."""
+        lifespan) that owns them and cancels the worker to stop it.
+
+        ``freeze_gc=True`` keeps the objects there when the worker starts out
+        of the garbage collector's passes until it stops (``running.frozen_heap``:
+        a few µs less CPU a task, and no full collection pauses over the
+        application's heap); ``docket worker`` sets it, since its process is
+        the worker's own.  A reference cycle among those objects that becomes
+        garbage meanwhile is collected only once the worker stops."""
         self.docket = docket
+        self.freeze_gc = freeze_gc
         self.drain_timeout = drain_timeout
         self.handle_signals = handle_signals
         self._health = HealthState()
@@ -258,7 +267,10 @@ class Worker:
         health.begin(signals=self._owns_signals)
         try:
             # the handlers go in before anything else: once ready, a signal drains
-            with stop_signals(self._owns_signals, self._health) as signals:
+            with (
+                stop_signals(self._owns_signals, self._health) as signals,
+                frozen_heap(self.freeze_gc),
+            ):
                 if self.shared_scope is not None:
                     await self._work(until_finished, signals)
                 else:  # (not entered: the scope lives as long as this run)

@@ -1,7 +1,8 @@
 """docket (this repository) on memory://, redis:// (redis-py) or glide:// (GLIDE).
 
 Defaults: ``Worker(docket, concurrency=C)`` with its 250 ms
-``minimum_check_interval`` and ``scheduling_resolution``. Tuned: both 10 ms.
+``minimum_check_interval`` and ``scheduling_resolution``. Tuned: both 10 ms,
+and ``freeze_gc=True`` (what ``docket worker`` does).
 Automatic (perpetual) tasks are off in both, as there are none.
 
 ``options["logs"] == "info"`` turns on the worker's per-task INFO lines as
@@ -77,13 +78,16 @@ class DocketSystem(System):
         self.logs = self.options.get("logs") == "info"
         self.log_dir: tempfile.TemporaryDirectory[str] | None = None
         self.log_handler: logging.Handler | None = None
-        self.interval = timedelta(milliseconds=10 if profile == "tuned" else 250)
+        self.tuned = profile == "tuned"
+        self.interval = timedelta(milliseconds=10 if self.tuned else 250)
         self.worker: Worker | None = None
         self.runner: asyncio.Task[None] | None = None
 
     def settings(self) -> dict[str, Any]:
         ms = self.interval.total_seconds() * 1000
         extra: dict[str, Any] = {"logs": "INFO, plain format, to a file"} if self.logs else {}
+        if self.tuned:
+            extra["freeze_gc"] = True
         return {"minimum_check_interval_ms": ms, "scheduling_resolution_ms": ms, **extra}
 
     async def open(self) -> None:
@@ -140,6 +144,7 @@ class DocketSystem(System):
             minimum_check_interval=self.interval,
             scheduling_resolution=self.interval,
             schedule_automatic_tasks=False,
+            freeze_gc=self.tuned,
         )
         await self.worker.__aenter__()
         self.runner = asyncio.create_task(self.worker.run_forever())

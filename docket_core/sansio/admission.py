@@ -32,7 +32,6 @@ admitted again without counting a second start (``Admitted.repeat``).
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -42,10 +41,10 @@ import attrs
 
 from .effects import Finish, Request, RuntimeEffect, Schedule, StoreEffect
 from .inputs import Outcome
-from .values import ExecutionState, ScheduleMode, TaskMessage
+from .values import ExecutionState, ScheduleMode, Symbol, TaskMessage
 
 
-class ControlKind(enum.Enum):
+class ControlKind(Symbol):
     """The kinds of admission control; also their order at the gate."""
 
     DEBOUNCE = "debounce"
@@ -143,7 +142,7 @@ def execution_id(key: str, generation: int) -> str:
     return f"{key}#{generation}"
 
 
-class Verdict(enum.Enum):
+class Verdict(Symbol):
     """What the gate decided about one delivery."""
 
     ADMIT = "admit"

@@ -30,11 +30,16 @@ a batch, so every store effect is safe to send twice:
 
 from __future__ import annotations
 
-import enum
-
 import attrs
 
-from .values import ExecutionState, HeldSlot, MalformedEntry, ScheduleMode, TaskMessage
+from .values import (
+    ExecutionState,
+    HeldSlot,
+    MalformedEntry,
+    ScheduleMode,
+    Symbol,
+    TaskMessage,
+)
 
 
 class Effect:
@@ -500,7 +505,7 @@ class SeedPerpetuals(RuntimeEffect):
     cancelled, struck and restored, or dropped by an old worker resumes."""
 
 
-class StopReason(enum.Enum):
+class StopReason(Symbol):
     """Why the core stops a running task function (``CancelTask``)."""
 
     #: it ran past its deadline: the run fails with ``TimeoutError``

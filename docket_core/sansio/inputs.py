@@ -24,12 +24,10 @@ reports name what happened to what: ``TaskEnded``, ``ReadDone``/``ReadFailed``
 
 from __future__ import annotations
 
-import enum
-
 import attrs
 
 from .effects import StoreEffect
-from .values import Delivery, ExecutionState, MalformedEntry, TaskPolicy
+from .values import Delivery, ExecutionState, MalformedEntry, Symbol, TaskPolicy
 
 
 class Input:
@@ -68,7 +66,7 @@ class Delivered(Input):
     now: float
 
 
-class TaskOutcome(enum.Enum):
+class TaskOutcome(Symbol):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     #: cancelled by a ``CancelTask`` or by shutdown; never retried or perpetuated
@@ -100,7 +98,7 @@ class FollowUp:
     blocked_until: float | None = None
 
 
-class BlockedAction(enum.Enum):
+class BlockedAction(Symbol):
     """What follows a run an ``AdmissionBlocked`` stopped (pydocket's flags)."""
 
     #: scheduled again at ``FollowUp.blocked_until`` (``reschedule=True``)
@@ -244,7 +242,7 @@ class Buried(Outcome):
     failed_key: bool = False
 
 
-class ClaimVerdict(enum.Enum):
+class ClaimVerdict(Symbol):
     CLAIMED = "claimed"
     #: a newer generation of the key exists (replace, retry, cancel)
     SUPERSEDED = "superseded"

@@ -39,12 +39,12 @@ into an ``Outcome``, and entering a stage makes its step.
 
 from __future__ import annotations
 
-import enum
 from typing import Literal
 
 import attrs
 
 from .partitions import partition_tags
+from .values import Symbol
 
 #: how often the recorded count may change under an opener before it gives up
 SETTLE_ATTEMPTS = 5
@@ -143,7 +143,7 @@ class Strays:
 # -- stages, outcomes and the table ------------------------------------------------------
 
 
-class Stage(enum.Enum):
+class Stage(Symbol):
     #: asked the recorded count (``AskCount(N, N)``)
     CHECKING = "checking"
     #: sealing the partitions of a count a change left (its seal was owed)
@@ -170,7 +170,7 @@ class Stage(enum.Enum):
     DONE = "done"
 
 
-class Outcome(enum.Enum):
+class Outcome(Symbol):
     #: the count is ours, no seal owed
     OURS = "ours"
     #: another count is recorded, no seal owed

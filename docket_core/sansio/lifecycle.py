@@ -151,12 +151,11 @@ line, and ``(stays)`` lists the steps that change nothing::
 
 from __future__ import annotations
 
-import enum
-
 from .errors import InvalidTransition
+from .values import Symbol
 
 
-class Phase(enum.Enum):
+class Phase(Symbol):
     #: handed to this worker; nothing asked of the store yet
     ARRIVED = "arrived"
     #: ``Claim`` sent, verdict pending
@@ -215,7 +214,7 @@ class Phase(enum.Enum):
     DONE = "done"
 
 
-class Step(enum.Enum):
+class Step(Symbol):
     CLAIM = "claim"
     #: ``Claim`` sent and the function started with it (``EARLY_RUNNING``)
     START_EARLY = "start_early"

@@ -39,7 +39,6 @@ once no link is out.
 
 from __future__ import annotations
 
-import enum
 from collections import Counter
 from typing import Protocol
 
@@ -70,7 +69,7 @@ from .inputs import (
 from .lifecycle import Phase, Step
 from .local_slots import LocalSlotSteps, SlotStep, SlotStepped
 from .outbox import Outbox
-from .values import ConcurrencyPolicy, HeldSlot
+from .values import ConcurrencyPolicy, HeldSlot, Symbol
 
 
 def chain_scope(limit: ConcurrencyPolicy | None, docket: str) -> str | None:
@@ -82,7 +81,7 @@ def chain_scope(limit: ConcurrencyPolicy | None, docket: str) -> str | None:
     return limit.scope
 
 
-class Link(enum.Enum):
+class Link(Symbol):
     """The effect of a chain that is out."""
 
     #: ``TakeSlot`` again for a holder just parked
@@ -95,7 +94,7 @@ class Link(enum.Enum):
     ENLISTING = "enlisting"
 
 
-class Answer(enum.Enum):
+class Answer(Symbol):
     """What the store answered a link."""
 
     #: the limit was full: the docket is registered (or the slot was lost)

@@ -15,17 +15,18 @@ batch, the worker) from having to report it.
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
+from .values import Symbol
+
 logger = logging.getLogger("docket.execution")
 
 
-class Operator(enum.Enum):
+class Operator(Symbol):
     EQUAL = "=="
     NOT_EQUAL = "!="
     GREATER_THAN = ">"

@@ -23,7 +23,16 @@ if TYPE_CHECKING:  # (``admission`` imports this module at run time: no edge bac
 DEFAULT_PROGRESS_TOTAL = 100
 
 
-class ExecutionState(enum.Enum):
+class Symbol(enum.Enum):
+    """An enum whose members hash by identity.  ``Enum.__hash__`` is a call
+    into Python, and the core looks its members up in tables (the lifecycle's
+    transitions) about ten times a task; a member equals only itself, so the
+    identity hash agrees with ``==``."""
+
+    __hash__ = object.__hash__
+
+
+class ExecutionState(Symbol):
     """Where an execution stands, as users (and ``Execution.state``) see it."""
 
     #: waiting for its ``when`` in the future queue (or parked behind a limit)
@@ -48,7 +57,7 @@ _TERMINAL = frozenset({ExecutionState.COMPLETED, ExecutionState.FAILED, Executio
 LIVE_STATES = frozenset({ExecutionState.SCHEDULED, ExecutionState.QUEUED, ExecutionState.RUNNING})
 
 
-class Disposition(enum.Enum):
+class Disposition(Symbol):
     """What a call to ``add``/``replace`` did."""
 
     #: not produced by add/replace (loaded from the store)
@@ -61,7 +70,7 @@ class Disposition(enum.Enum):
     STRUCK = "struck"
 
 
-class ScheduleMode(enum.Enum):
+class ScheduleMode(Symbol):
     """How a ``Schedule`` effect treats an existing live execution of the same key."""
 
     #: only if the key is not scheduled, queued or running

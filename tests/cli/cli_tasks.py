@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 
@@ -9,7 +10,12 @@ async def record_pid(n: int) -> int:
     return os.getpid() * 1000 + n
 
 
-tasks = [record_pid]
+async def frozen_objects() -> int:
+    """How many objects the garbage collector leaves alone (``gc.freeze``)."""
+    return gc.get_freeze_count()
+
+
+tasks = [record_pid, frozen_objects]
 
 
 async def fallback(*args: object, **kwargs: object) -> str:

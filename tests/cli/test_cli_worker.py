@@ -80,6 +80,24 @@ async def test_the_worker_command_drains_a_docket(docket: Docket, docket_url: st
     assert sorted(r % 1000 for r in results) == list(range(20))
 
 
+@pytest.mark.parametrize("flag", ["--freeze-gc", "--no-freeze-gc", None])
+async def test_the_worker_command_freezes_the_heap_unless_told_not_to(
+    docket: Docket, docket_url: str, flag: str | None
+) -> None:
+    from cli_tasks import frozen_objects
+
+    docket.register(frozen_objects)
+    execution = await docket.add(frozen_objects)()
+    common = ["--url", docket_url, "--docket", docket.name, "--tasks", "cli_tasks:tasks"]
+    result = run_cli("worker", *common, "--until-finished", *([flag] if flag else []))
+    assert result.returncode == 0, result.stderr
+    frozen = await execution.get_result()
+    if flag == "--no-freeze-gc":
+        assert frozen == 0
+    else:  # (the default)
+        assert frozen > 1000
+
+
 async def test_the_worker_takes_the_environment_and_logs_json(
     docket: Docket, docket_url: str
 ) -> None:

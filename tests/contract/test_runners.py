@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import importlib.util
 import uuid
 from datetime import timedelta
@@ -178,6 +179,31 @@ def test_run_sync_runs_the_worker_on_the_loop_it_names(loop: str, expected: str)
         return
     Worker.run_sync(loop=loop, **arguments)
     assert LOOPS_SEEN == [expected]
+
+
+@pytest.mark.backends("memory-asyncio")
+@pytest.mark.parametrize("freeze", [True, False])
+async def test_freeze_gc_keeps_the_heap_out_of_collections_while_the_worker_runs(
+    docket: Docket, freeze: bool
+) -> None:
+    """``Worker(freeze_gc=True)`` freezes what was there when it started
+    (a run sees ``gc.get_freeze_count() > 0``) and gives it back to the
+    collector when it stops; without it, nothing is frozen."""
+    frozen: list[int] = []
+
+    async def counted() -> None:
+        frozen.append(gc.get_freeze_count())
+
+    assert gc.get_freeze_count() == 0
+    for _ in range(3):
+        await docket.add(counted)()
+    await finish(make_worker(docket, freeze_gc=freeze), 5.0)
+    assert len(frozen) == 3
+    if freeze:
+        assert min(frozen) > 1000  # (the modules' objects, at least)
+    else:
+        assert frozen == [0, 0, 0]
+    assert gc.get_freeze_count() == 0
 
 
 def test_an_unknown_loop_is_a_usage_error() -> None:

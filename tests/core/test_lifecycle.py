@@ -152,3 +152,35 @@ def test_the_diagram_names_every_row() -> None:
 def test_table_is_not_trivially_empty() -> None:
     assert TRANSITIONS
     assert len(MISSING) == len(ALL_PAIRS) - len(TRANSITIONS)
+
+
+def test_the_core_enums_hash_by_identity() -> None:
+    """Every enum of the core is a ``Symbol``: its members hash by identity
+    (``Enum.__hash__`` is a Python call, made about ten times a task), and a
+    member still equals only itself, also after a round trip through pickle."""
+    import enum
+    import importlib
+    import pickle
+    import pkgutil
+
+    import docket_core.sansio as sansio
+    from docket_core.sansio.values import Symbol
+
+    enums = []
+    for module_info in pkgutil.iter_modules(sansio.__path__):
+        module = importlib.import_module(f"docket_core.sansio.{module_info.name}")
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, enum.Enum) and value is not Symbol:
+                if value.__module__ == module.__name__:
+                    enums.append(value)
+    assert Phase in enums and Step in enums
+    plain = [e.__qualname__ for e in enums if not issubclass(e, Symbol) and not issubclass(e, str)]
+    assert plain == [], f"core enums that hash through Enum.__hash__: {plain}"
+    for kind in enums:
+        if issubclass(kind, Symbol):
+            members = list(kind)
+            index = {member: n for n, member in enumerate(members)}
+            for n, member in enumerate(members):
+                assert index[member] == n and index[kind(member.value)] == n
+                assert hash(member) == object.__hash__(member)
+                assert pickle.loads(pickle.dumps(member)) is member
