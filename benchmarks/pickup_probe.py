@@ -327,6 +327,7 @@ async def run_client(args: argparse.Namespace) -> dict[str, Any]:
         scheduling_resolution=interval,
         schedule_automatic_tasks=False,
         handle_signals=False,
+        freeze_gc=args.freeze_gc,
     )
     await worker.__aenter__()
     runner = asyncio.create_task(worker.run_forever())
@@ -469,6 +470,8 @@ def run_child(args: argparse.Namespace, scheme: str, port: int, modules_from: st
     ]
     if modules_from:
         argv += ["--modules-from", modules_from]
+    if args.freeze_gc:
+        argv.append("--freeze-gc")
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=str(ROOT))
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("RESULT "):
@@ -498,6 +501,9 @@ def main() -> None:
         help="show this many of the slowest pickups event by event",
     )
     parser.add_argument("--loop", default="asyncio", choices=("asyncio", "uvloop"))
+    parser.add_argument(
+        "--freeze-gc", action="store_true", help="Worker(freeze_gc=True), as docket worker runs"
+    )
     parser.add_argument("--baseline", default="", help="compare with the modules under DIR")
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

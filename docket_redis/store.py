@@ -61,6 +61,8 @@ _CLUSTER_IN_MOTION = (
 MOVE_PATIENCE = 2.0
 #: the longest a subscription waits for the server's confirmation
 SUBSCRIBE_TIMEOUT = 10.0
+#: the idle connections a client's script calls keep out of its pool
+CALLERS_KEPT = 4
 
 
 #: the errors ``_store_error`` translates
@@ -166,6 +168,7 @@ class RedisStore(ScriptedStore):
         self.wait_timeout_ms = wait_timeout_ms
         self._max_commands = max_commands
         self._commands: anyio.Semaphore | None = None
+        self._callers = []
         self._cluster = client if isinstance(client, RedisCluster) else None
         #: a cluster pipeline writes from tasks of its own, a loop turn later
         self.sends_at_once = self._cluster is None
@@ -215,6 +218,7 @@ class RedisStore(ScriptedStore):
             wait_timeout_ms=self.wait_timeout_ms,
         )
         sibling._commands = self._commands
+        sibling._callers = self._callers
         sibling.signing = self.signing
         return sibling
 
@@ -222,6 +226,8 @@ class RedisStore(ScriptedStore):
         await self.close_listeners()
         while self._readers:  # (held by no read now: back to the pool)
             await self._pool().release(self._readers.pop())
+        while self._callers:  # (the siblings' too: idle, they go back to the pool)
+            await self._pool().release(self._callers.pop())
         if self._owned:
             await self.client.aclose()
             if self._sentinel:  # and its connections to the sentinels
@@ -307,19 +313,13 @@ class RedisStore(ScriptedStore):
         if self._cluster is not None:
             return await self._evalsha_by_slot(self._cluster, calls)
         wait = self.wait_replicas > 0 and any(call.durable for call in calls)
-        if len(calls) == 1 and not wait:
-            call = calls[0]
-            # (what ``evalsha`` sends, without its two frames)
-            reply: Any = await self.client.execute_command(
-                "EVALSHA", _SHAS[call.name], len(call.keys), *call.keys, *call.args
-            )
-            return [reply]
-        pipe = self.client.pipeline(transaction=False)
-        for call in calls:
-            pipe.evalsha(_SHAS[call.name], len(call.keys), *call.keys, *call.args)
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", _SHAS[call.name], len(call.keys), *call.keys, *call.args)
+            for call in calls
+        ]
         if wait:
-            pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-        replies: list[Any] = await pipe.execute(raise_on_error=False)
+            commands.append(("WAIT", self.wait_replicas, self.wait_timeout_ms))
+        replies = await self._send_on_own_connection(commands)
         if not wait:
             _raise_first(replies)
             return replies
@@ -360,6 +360,61 @@ class RedisStore(ScriptedStore):
     async def _load_scripts(self) -> None:
         for source in SCRIPTS.values():
             await self.client.script_load(source)
+
+    async def _send_on_own_connection(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``commands`` in one round trip (one server, or a sentinel's
+        primary), their replies as the server gave them (an error reply as
+        its ``ResponseError``), on a connection kept out of the pool between
+        calls (``_callers``): redis-py's client spends about 30 µs of CPU a
+        call taking a connection from its pool and giving it back, and
+        recording both.  A kept connection is checked before use as the pool
+        checks one it hands out, and the connection's own retry applies as in
+        ``execute_command``: one that fails is closed, and the commands go
+        again on a new one (at most ``retry``'s count: none, unless the
+        application's client asks for it)."""
+        callers, pool = self._callers, self._pool()
+        kept = bool(callers)
+        connection = callers.pop() if kept else await pool.get_connection()
+
+        async def send() -> list[Any]:
+            await connection.send_packed_command(
+                connection.pack_commands(commands), check_health=False
+            )
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(await connection.read_response())
+                except redis_errors.ResponseError as error:
+                    replies.append(error)  # (the connection is sound: read on)
+            return replies
+
+        async def failed(error: Exception, failures: int) -> None:
+            await connection.disconnect()
+
+        try:
+            if kept:  # (checked as the pool checks what it hands out: one the
+                # server closed meanwhile, or with unread data, connects anew)
+                await pool.ensure_connection(connection)
+            replies: list[Any] = await connection.retry.call_with_retry(
+                send, failed, with_failure_count=True
+            )
+        except BaseException:
+            # cancelled mid-read, or the connection failed: a reply may still
+            # come on it, so it goes back to the pool closed
+            with anyio.CancelScope(shield=True):
+                await connection.disconnect(nowait=True)
+                await pool.release(connection)
+            raise
+        if len(callers) < CALLERS_KEPT:
+            callers.append(connection)
+        else:
+            await pool.release(connection)
+        return replies
+
+    #: the idle connections of script calls, shared by the sibling stores of
+    #: one client (``_send_on_own_connection``); at most ``CALLERS_KEPT``,
+    #: so that blocking reads and pub/sub still find the pool's others
+    _callers: list[Any]
 
     #: the idle connections of blocking reads (one server, or a sentinel's
     #: primary): a read takes one of its own, as GLIDE's readers do, and

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from docket_core.lua.entries import (
     fields_of,
@@ -316,3 +318,74 @@ def test_dead_letters_read_with_their_original_fields() -> None:
     # what cannot be read is left empty, never raised
     assert (second.original_id, second.reason, second.dead_at, second.key) == ("", "", 0.0, None)
     assert second.fields == ()
+
+
+# -- the scripts' own entries, read the short way ------------------------------------------
+
+_NUMBERISH = st.sampled_from(
+    [b"1", b"0", b"-1", b"2", b" 3 ", b"1.5", b"1e3", b"nan", b"inf", b"-inf", b"", b"x",
+     b"1_000", b"\xd9\xa1", b"\xff", b"12345678901234567890", b"1700000000.25"]
+)  # fmt: skip
+_JUNK = st.one_of(
+    _NUMBERISH,
+    st.binary(max_size=6),
+    st.sampled_from([b"t\xc3\xa9", b"\xff\xfe", "text", None, 7, 1.5]),
+)
+#: a message entry as the scripts write it, one field value a line
+_WRITTEN_ENTRY = st.fixed_dictionaries(
+    {
+        "k": st.sampled_from([b"key", b"t\xc3\xa9", b""]),
+        "f": st.sampled_from([b"fn", b"task.name"]),
+        "p": st.binary(max_size=8),
+        "w": st.sampled_from([b"1700000000.25", b"0", b"1.5", b"-3"]),
+        "a": st.sampled_from([b"1", b"2", b"100"]),
+        "g": st.sampled_from([b"0", b"1", b"99"]),
+    }
+)
+
+_PLAIN = {"k": b"k", "f": b"f", "p": b"", "w": b"1", "a": b"1", "g": b"0"}
+
+
+@settings(max_examples=1500)
+@given(
+    entry_id=st.sampled_from([b"1-0", "1-0", b"1700000000000-17"]),  # (the server's ids)
+    written=_WRITTEN_ENTRY,
+    spoiled=st.sampled_from([None, "k", "f", "p", "w", "a", "g"]),
+    junk=_JUNK,
+    redelivered=st.booleans(),
+)
+@example(b"1-0", _PLAIN, "w", b"nan", False)
+@example(b"1-0", _PLAIN, "a", b"0", False)
+@example(b"1-0", _PLAIN, "g", b"-1", False)
+@example(b"1-0", _PLAIN, "k", b"\xff", False)
+def test_an_entry_as_the_scripts_write_it_parses_as_field_by_field(
+    entry_id: Any, written: dict[str, Any], spoiled: str | None, junk: Any, redelivered: bool
+) -> None:
+    """``parse_entry`` reads a list of the scripts' fields in their order the
+    short way (``_as_written``); whatever it makes of one, as written or with
+    one field spoiled, delivery or malformed entry, is what the
+    field-by-field reading (the same fields in a tuple, which never takes the
+    short way) makes of it."""
+    values = dict(written)
+    if spoiled is not None:
+        values[spoiled] = junk
+    flat = [field for name in "kfpwag" for field in (name.encode(), values[name])]
+    short = parse_entry(entry_id, flat, redelivered=redelivered)
+    long = parse_entry(entry_id, tuple(flat), redelivered=redelivered)
+    assert short == long
+
+
+def test_an_entry_as_the_scripts_write_it_takes_the_short_way() -> None:
+    from docket_core.lua import entries
+
+    flat = [b"k", b"key", b"f", b"fn", b"p", b"\x80", b"w", b"1.5", b"a", b"2", b"g", b"7"]
+    parsed = entries._as_written(b"5-1", flat, True)
+    assert isinstance(parsed, Delivery)
+    assert parsed.delivery_id == "5-1" and parsed.redelivered
+    assert (parsed.message.key, parsed.message.function, parsed.message.payload) == (
+        "key",
+        "fn",
+        b"\x80",
+    )
+    assert (parsed.message.when, parsed.message.attempt, parsed.message.generation) == (1.5, 2, 7)
+    assert parse_entry(b"5-1", flat, redelivered=True) == parsed
