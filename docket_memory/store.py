@@ -48,6 +48,7 @@ from docket_core.sansio.inputs import (
 )
 from docket_core.sansio.layout_change import CountRecorded
 from docket_core.sansio.local_slots import SlotStep
+from docket_core.sansio.partitions import entry_of
 from docket_core.sansio.strikes import StrikeInstruction, StrikeList
 from docket_core.sansio.values import (
     LIVE_STATES,
@@ -363,9 +364,10 @@ class MemoryStore:
 
     def _finish(self, effect: Finish) -> Finished:
         shelf = self.shelf
-        if not self._holds(effect.request, effect.delivery_id):
+        entry = entry_of(effect.delivery_id)  # (a partition's Finish keeps its prefix)
+        if not self._holds(effect.request, entry):
             return Finished(delivery_id=effect.delivery_id, recorded=False)
-        shelf.held.pop(effect.delivery_id, None)
+        shelf.held.pop(entry, None)
         record = shelf.records.get(effect.key)
         if record is None or record.generation != effect.generation:
             return Finished(delivery_id=effect.delivery_id, recorded=False)

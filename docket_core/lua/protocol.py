@@ -53,6 +53,7 @@ from ..sansio.inputs import (
     WokeParked,
 )
 from ..sansio.local_slots import SlotStep
+from ..sansio.partitions import entry_of
 from ..sansio.values import (
     ExecutionState,
 )
@@ -244,7 +245,7 @@ def pack_fields(
 def finish_fields(layout: Layout, effect: StoreEffect) -> bytes:
     """One delivery's fields for the ``finish`` script (``pack_batch``'s form)."""
     assert isinstance(effect, Finish)
-    f0 = effect.delivery_id.encode()
+    f0 = entry_of(effect.delivery_id).encode()  # (a partition's Finish keeps its prefix)
     f1 = effect.key.encode()
     f2 = b"%d" % effect.generation
     f3 = effect.state.value.encode()

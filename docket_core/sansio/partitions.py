@@ -101,6 +101,13 @@ def layout_changed(name: str, partitions: int, recorded: int) -> str | None:
     )
 
 
+def entry_of(delivery: str) -> str:
+    """The stream entry id of a delivery id, with or without its partition's
+    prefix (an entry id has no ``/``): what a partition's store acts on when
+    it is handed a ``Finish`` as the docket names it."""
+    return delivery[delivery.find("/") + 1 :]
+
+
 def split_delivery_id(delivery: str, partitions: int) -> tuple[int, str]:
     """``(partition, entry id)`` of a delivery id; ``ValueError`` when it
     does not name a partition of this docket."""

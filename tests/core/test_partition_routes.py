@@ -72,9 +72,12 @@ def targets(plan: Route) -> list[list[list[int]]]:
     st.none() | st.binary(max_size=5),
     st.none() | st.integers(min_value=0, max_value=9),
 )
-def test_a_finish_goes_to_its_partition_unchanged_but_for_its_id(
+def test_a_finish_goes_to_its_partition_as_it_is(
     state: ExecutionState, error: str | None, result: bytes | None, seq: int | None
 ) -> None:
+    """The partition's store acts on a ``Finish``'s entry id and answers with
+    the id it was given (``protocol.finish_fields``, the memory store), so
+    the router neither copies the effect nor rebuilds its outcome."""
     request = (
         None if seq is None else Request(origin="o", worker="w", seq=seq, floor=0, remember=1.0)
     )
@@ -82,10 +85,17 @@ def test_a_finish_goes_to_its_partition_unchanged_but_for_its_id(
     plan = route([effect], 3, NAMES)
     (piece,) = plan.pieces
     assert piece.target == 2
-    assert piece.effect == attrs.evolve(effect, delivery_id="5-1")
-    assert piece.effect.request is request  # type: ignore[attr-defined]
-    (outcome,) = merged([effect], plan, [Finished(delivery_id="5-1", recorded=True)])
-    assert outcome == Finished(delivery_id="2/5-1", recorded=True)
+    assert piece.effect is effect
+    answer = Finished(delivery_id="2/5-1", recorded=True)
+    (outcome,) = merged([effect], plan, [answer])
+    assert outcome is answer
+
+
+def test_a_finish_is_encoded_with_its_entry_id() -> None:
+    from docket_core.lua.protocol import Layout, finish_fields
+
+    layout = Layout("d|2.0")
+    assert finish_fields(layout, finish("2/5-1")) == finish_fields(layout, finish("5-1"))
 
 
 def test_a_batch_of_partition_pieces_is_one_round_a_call_per_partition() -> None:
@@ -187,12 +197,12 @@ def test_home_and_scope_steps_keep_their_place() -> None:
     assert plan.pieces[3].effect == attrs.evolve(take, delivery_id="3-0", docket=NAMES[2])
     assert plan.checks_layout
     replies: list[Outcome] = [
-        Finished(delivery_id="1-0", recorded=True),
-        Finished(delivery_id="1-0", recorded=True),
+        Finished(delivery_id="0/1-0", recorded=True),  # (a store answers a finish's id as given)
+        Finished(delivery_id="1/1-0", recorded=True),
         SlotReleased(limit_key="l", woken=0, wake=None),
         SlotTaken(delivery_id="3-0", acquired=True),
         HeartbeatSent(),
-        Finished(delivery_id="2-0", recorded=False),
+        Finished(delivery_id="1/2-0", recorded=False),
     ]
     outcomes = merged(effects, plan, replies)
     assert outcomes[3] == SlotTaken(delivery_id="2/3-0", acquired=True)
