@@ -309,8 +309,9 @@ class MemoryStore:
         shelf = self.shelf
         verdicts: list[tuple[str, ClaimVerdict]] = []
         for item in effect.items:
+            entry = entry_of(item.delivery_id)  # (a partition's Claim keeps its prefixes)
             record = shelf.records.get(item.key)
-            held = shelf.held.get(item.delivery_id)
+            held = shelf.held.get(entry)
             if held is None or held.worker != effect.worker:
                 verdicts.append((item.delivery_id, ClaimVerdict.LOST))
                 continue
@@ -325,7 +326,7 @@ class MemoryStore:
             else:
                 verdict = ClaimVerdict.CLAIMED
             if verdict is not ClaimVerdict.CLAIMED:
-                shelf.held.pop(item.delivery_id, None)
+                shelf.held.pop(entry, None)
             else:
                 assert record is not None
                 held.renewed_at = effect.now

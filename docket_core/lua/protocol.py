@@ -506,8 +506,8 @@ def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
     if kind is Claim:
         assert isinstance(effect, Claim)
         items: list[str] = []
-        for item in effect.items:
-            items += [item.delivery_id, item.key, str(item.generation)]
+        for item in effect.items:  # (a partition's Claim keeps its prefixes)
+            items += [entry_of(item.delivery_id), item.key, str(item.generation)]
         return layout.remembered_call(
             "claim",
             effect.request,

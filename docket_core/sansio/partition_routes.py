@@ -8,9 +8,10 @@ store.  The decisions:
 - A task key lives in partition ``partition_of(key, N)``; a delivery id names
   its partition, ``"<i>/<entry id>"``.  Each effect goes to the partition of
   its delivery or key, with the ``i/`` taken off going in and put back on the
-  outcome, except a ``Finish`` (most of a busy worker's effects), which goes
-  as it is: a store acts on its entry id (``entry_of``) and answers with the
-  id it was given.  A ``Claim`` or ``RenewLeases`` over several partitions is split,
+  outcome, except a ``Finish`` and a ``Claim`` (most of a busy worker's
+  effects), which go as they are: a store acts on their entry ids
+  (``entry_of``) and answers with the ids it was given.  A ``Claim`` or
+  ``RenewLeases`` over several partitions is split,
   and its outcomes merged (a renewal's scoped slots ride with its first
   part).  A ``TakeSlot`` registers the delivery's partition as the waiting
   docket (its parked keys live there).
@@ -152,14 +153,14 @@ class _Router:
         raise TypeError(f"a partitioned docket has no route for {effect!r}")
 
     def claim(self, index: int, effect: Any) -> list[Piece]:
+        # (its items as they are, as a Finish's: see the module docstring)
         by_part: dict[int, list[ClaimItem]] = {}
         for item in effect.items:
-            part, entry = self.split(item.delivery_id)
-            by_part.setdefault(part, []).append(
-                ClaimItem(delivery_id=entry, key=item.key, generation=item.generation)
-            )
+            by_part.setdefault(self.split(item.delivery_id)[0], []).append(item)
+        if len(by_part) == 1:
+            return [Piece(part, effect, index, None) for part in by_part]
         return [
-            Piece(part, replaced(effect, items=tuple(items)), index, part)
+            Piece(part, replaced(effect, items=tuple(items)), index, None)
             for part, items in by_part.items()
         ]
 
@@ -291,9 +292,6 @@ def _prefix(outcome: Outcome, effect: StoreEffect, partition: int) -> Outcome:
     """The outcome of a partition's piece of ``effect``, naming delivery ids
     as the docket does (prefixed with ``partition``)."""
     kind = type(outcome)
-    if kind is Claimed:
-        assert isinstance(outcome, Claimed)
-        return Claimed(verdicts=tuple((f"{partition}/{d}", v) for d, v in outcome.verdicts))
     if kind is LeasesRenewed:
         assert isinstance(outcome, LeasesRenewed)
         return replaced(outcome, lost=tuple(f"{partition}/{d}" for d in outcome.lost))

@@ -112,13 +112,15 @@ def test_a_claim_is_split_and_its_verdicts_merged_in_order() -> None:
     )
     effect = Claim(worker="w", items=items, now=1.0)
     plan = route([effect], 3, NAMES)
+    # (its items as they are: a store claims their entry ids, and answers
+    # with the ids it was given)
     assert [(p.target, [i.delivery_id for i in p.effect.items]) for p in plan.pieces] == [  # type: ignore[attr-defined]
-        (1, ["1-0", "2-0"]),
-        (0, ["1-0"]),
+        (1, ["1/1-0", "1/2-0"]),
+        (0, ["0/1-0"]),
     ]
     replies: list[Outcome] = [
-        Claimed(verdicts=(("1-0", ClaimVerdict.CLAIMED), ("2-0", ClaimVerdict.LOST))),
-        Claimed(verdicts=(("1-0", ClaimVerdict.SUPERSEDED),)),
+        Claimed(verdicts=(("1/1-0", ClaimVerdict.CLAIMED), ("1/2-0", ClaimVerdict.LOST))),
+        Claimed(verdicts=(("0/1-0", ClaimVerdict.SUPERSEDED),)),
     ]
     (outcome,) = merged([effect], plan, replies)
     assert outcome == Claimed(
@@ -128,6 +130,21 @@ def test_a_claim_is_split_and_its_verdicts_merged_in_order() -> None:
             ("1/2-0", ClaimVerdict.LOST),
         )
     )
+
+
+def test_a_claim_of_one_partition_goes_as_it_is_and_is_encoded_with_entry_ids() -> None:
+    from docket_core.lua.protocol import Layout, call_for
+
+    def claim(*ids: str) -> Claim:
+        items = tuple(ClaimItem(delivery_id=d, key="k", generation=1) for d in ids)
+        return Claim(worker="w", items=items, now=1.0)
+
+    effect = claim("2/1-0", "2/5-3")
+    (piece,) = route([effect], 3, NAMES).pieces
+    assert piece.target == 2 and piece.effect is effect
+    bare = claim("1-0", "5-3")
+    layout = Layout(NAMES[2])
+    assert call_for(layout, effect).args == call_for(layout, bare).args
 
 
 def test_a_renewal_is_split_its_scoped_slots_riding_with_the_first() -> None:
