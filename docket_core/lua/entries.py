@@ -141,6 +141,8 @@ def _as_written(entry_id: Any, flat: list[Any], redelivered: bool) -> Delivery |
         # (ASCII numbers parse alike from bytes and from text; any other
         # spelling goes the long way)
         due, attempt, generation = float(when), int(attempt), int(generation)
+        if not (math.isfinite(due) and attempt >= 1 and generation >= 0):
+            return None
         message = TaskMessage(
             key=key.decode(),
             function=function.decode(),
@@ -149,8 +151,6 @@ def _as_written(entry_id: Any, flat: list[Any], redelivered: bool) -> Delivery |
             attempt=attempt,
             generation=generation,
         )
-        if not (math.isfinite(due) and attempt >= 1 and generation >= 0):
-            return None
         return Delivery(delivery_id=entry.decode(), message=message, redelivered=redelivered)
     except (TypeError, ValueError):  # (UnicodeDecodeError is a ValueError)
         return None

@@ -136,10 +136,8 @@ class _Router:
         return part, entry
 
     def pieces(self, index: int, effect: StoreEffect) -> list[Piece]:
+        """The pieces of any effect but a ``Finish`` (``route`` places those)."""
         kind = type(effect)
-        if kind is Finish:  # (as it is: see the module docstring)
-            assert isinstance(effect, Finish)
-            return [Piece(self.split(effect.delivery_id)[0], effect, index, None)]
         if kind in _BY_DELIVERY:
             part, entry = self.split(effect.delivery_id)  # type: ignore[attr-defined]
             return [Piece(part, replaced(effect, delivery_id=entry), index, part)]
@@ -233,7 +231,7 @@ def route(effects: Sequence[StoreEffect], partitions: int, part_names: Sequence[
     checks_layout = False
     leaving: list[str] = []
     for index, effect in enumerate(effects):
-        if type(effect) is Finish:  # (most of a busy worker's effects: spelled out)
+        if type(effect) is Finish:  # (most of a busy worker's effects; as it is)
             assert isinstance(effect, Finish)
             pieces.append(Piece(router.split(effect.delivery_id)[0], effect, index, None))
             in_order.append(False)
@@ -288,9 +286,9 @@ def _settle_any(pieces: list[Piece]) -> None:
         pieces[index] = piece._replace(target=target)
 
 
-def _prefix(outcome: Outcome, effect: StoreEffect, partition: int) -> Outcome:
-    """The outcome of a partition's piece of ``effect``, naming delivery ids
-    as the docket does (prefixed with ``partition``)."""
+def _prefix(outcome: Outcome, partition: int) -> Outcome:
+    """The outcome of a partition's piece, naming delivery ids as the docket
+    does (prefixed with ``partition``)."""
     kind = type(outcome)
     if kind is LeasesRenewed:
         assert isinstance(outcome, LeasesRenewed)
@@ -311,7 +309,7 @@ def merged(
     for piece, reply in zip(plan.pieces, replies, strict=True):
         origin = piece.origin
         if piece.partition is not None:
-            reply = _prefix(reply, effects[origin], piece.partition)
+            reply = _prefix(reply, piece.partition)
         if outcomes[origin] is None:
             outcomes[origin] = reply
         else:
