@@ -446,11 +446,12 @@ class Worker:
                 # fresh delivery's run starting with it), not handed to the
                 # flusher behind whatever else runs first, and the next read
                 # waits for the start (its script would share the claim's
-                # round trip, and go out first)
-                await self._flush()
+                # round trip, and go out first).  Only that round: what its
+                # reply leads to (the ends, the next read) goes to the flusher,
+                # so this reader is free to send that read while the ends are out
+                await self._flush(rounds=1)
                 await anyio.lowlevel.checkpoint()  # (the run handed over starts)
-                if not machine.accepting:
-                    self._dirty.set()  # (stopping: the flusher sees to the goodbye)
+                self._dirty.set()
             else:
                 self._dirty.set()
 
@@ -503,14 +504,20 @@ class Worker:
                 self._finished.set()
                 return
 
-    async def _flush(self) -> None:
-        """Carry out the machine's effects until it has none, a round's store
-        effects in one call; one flush at a time (it sends one batch at a time)."""
+    async def _flush(self, rounds: int | None = None) -> None:
+        """Carry out the machine's effects until it has none (or for
+        ``rounds`` rounds), a round's store effects in one call; one flush at
+        a time (it sends one batch at a time)."""
         machine = self._machine
         assert machine is not None
         self._flushing = True
         try:
-            while effects := machine.effects():
+            while rounds is None or rounds > 0:
+                effects = machine.effects()
+                if not effects:
+                    break
+                if rounds is not None:
+                    rounds -= 1
                 store: list[StoreEffect] = []
                 for effect in effects:
                     if isinstance(effect, StoreEffect):

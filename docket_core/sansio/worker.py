@@ -8,9 +8,12 @@ when it fires.  Phase changes of each delivery go through
 ``lifecycle.advance``; this module decides which step an input is.
 
 The machine decides its own reads (``Read``, answered by ``ReadDone`` or
-``ReadFailed``), and what follows a batch of store effects that got no reply
-or an error: its ``Outbox`` (``outbox.py``) sends it again, gives it up or
-declares it fatal.  A worker that cannot renew its leases for
+``ReadFailed``), when its effects are drained, so the runs that end in one
+pass of the runtime make one read; a delivery whose end is out to the store
+leaves its room to that read (``capacity``), which then goes out beside the
+ends instead of after their reply.  It also decides what follows a batch
+of store effects that got no reply or an error: its ``Outbox``
+(``outbox.py``) sends it again, gives it up or declares it fatal.  A worker that cannot renew its leases for
 ``fence_after`` stops those runs itself, before another worker may take them.
 
 Any exception out of ``receive`` or ``store_replied`` is docket's bug
@@ -90,6 +93,7 @@ from .stopping import stop_task, timed_out_end
 # up on its enum class costs several times a global's lookup
 _RUNNING, _TIMING_OUT, _CANCELLING = Phase.RUNNING, Phase.TIMING_OUT, Phase.CANCELLING
 _EARLY_RUNNING, _EARLY = Phase.EARLY_RUNNING, lifecycle.EARLY
+_FINISHING = Phase.FINISHING
 #: the phases in which the verdict of a claim comes after the run started
 _STARTED_BEFORE_VERDICT = lifecycle.EARLY | {Phase.EARLY_ENDED, Phase.EARLY_CANCELLED}
 _DELIVERED, _REDELIVERED, _STARTED = Count.DELIVERED, Count.REDELIVERED, Count.STARTED
@@ -146,6 +150,10 @@ class WorkerMachine(SlotSteps, LeaseSteps):
         #: the ``now`` of the last ``Read`` asked for: its deliveries were
         #: handed out after it
         self._read_asked_at = now
+        #: the ``now`` of the last input or reply: whether to read is decided
+        #: when the effects are drained (``effects``), so the runs that end
+        #: in one pass of the runtime free their room for one read
+        self._read_due: float | None = None
         #: the soonest future message the last read saw
         self._next_due: float | None = None
         #: ``until_finished`` and nothing was left: the worker stops
@@ -157,10 +165,20 @@ class WorkerMachine(SlotSteps, LeaseSteps):
 
     @property
     def capacity(self) -> int:
-        """How many more deliveries this worker may take now."""
+        """How many more deliveries this worker may take now: ``concurrency``
+        less those it runs or will run.  A delivery whose end is out to the
+        store (``FINISHING``) leaves its room to the next read, so that read
+        goes out with the ends, not after their reply; at most
+        ``concurrency`` of them do, so a worker holds at most twice its
+        concurrency in deliveries."""
         if not self.accepting:
             return 0
-        return max(self.config.concurrency - len(self.in_flight), 0)
+        concurrency, held = self.config.concurrency, len(self.in_flight)
+        finishing = 0
+        for flight in self.in_flight.values():
+            if flight.phase is _FINISHING:
+                finishing += 1
+        return max(min(concurrency - held + finishing, 2 * concurrency - held), 0)
 
     @property
     def idle(self) -> bool:
@@ -207,6 +225,9 @@ class WorkerMachine(SlotSteps, LeaseSteps):
         failed batch waits to be sent again, store effects are held back."""
         if self.failed is not None:
             self._refuse()
+        if self._read_due is not None:
+            now, self._read_due = self._read_due, None
+            self._maybe_read(now)
         out, self._effects = self.outbox.hold_back(self._effects)
         return out
 
@@ -220,7 +241,9 @@ class WorkerMachine(SlotSteps, LeaseSteps):
             self._receive(event)
             now: float | None = getattr(event, "now", None)
             if now is not None:
-                self._maybe_read(now)
+                self._read_due = now
+                if self._read_at is not None and now >= self._read_at:
+                    self._read_at = None  # (no longer a deadline: the read is due)
         except BaseException as error:
             self.failed = error
             raise
@@ -284,6 +307,7 @@ class WorkerMachine(SlotSteps, LeaseSteps):
         self, effects: Sequence[StoreEffect], outcomes: Sequence[Outcome], now: float
     ) -> None:
         self.outbox.replied(effects)
+        self._read_due = now
         for effect, outcome in zip(effects, outcomes, strict=True):
             kind = type(outcome)
             if kind is Finished or kind is Scheduled:
@@ -317,7 +341,8 @@ class WorkerMachine(SlotSteps, LeaseSteps):
     # -- handlers ------------------------------------------------------------
 
     def _maybe_read(self, now: float) -> None:
-        """Ask for more work when this worker has room and no read is out."""
+        """Ask for more work when this worker has room and no read is out
+        (``effects`` decides it, for the last input's ``now``)."""
         if self._reading or not self.accepting or not self.config.reads:
             return
         if self._read_at is not None:

@@ -783,7 +783,7 @@ def test_lease_lost_while_finishing_keeps_the_finish() -> None:
 # -- capacity, heartbeats and shutdown --------------------------------------------------------
 
 
-def test_capacity_counts_every_delivery_held() -> None:
+def test_capacity_counts_every_delivery_held_but_those_finishing() -> None:
     machine = make_machine(concurrency=3)
     assert machine.capacity == 3
     (claim,) = deliver(machine, arrival("d1"), arrival("d2"))
@@ -791,11 +791,27 @@ def test_capacity_counts_every_delivery_held() -> None:
     claim_all(machine, claim)
     assert machine.capacity == 1
     (finish,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 1.0)
-    assert machine.capacity == 1  # still finishing
+    assert machine.capacity == 2  # its end is out: its room goes to the next read
     recorded(machine, finish)
     assert machine.capacity == 2
     deliver(machine, arrival("d3"), arrival("d4"))
     assert machine.capacity == 0  # never negative
+
+
+def test_at_most_concurrency_finishing_deliveries_leave_their_room() -> None:
+    machine = make_machine(concurrency=2)
+    (claim,) = deliver(machine, arrival("d1"), arrival("d2"))
+    claim_all(machine, claim)
+    end(machine, "d1", TaskOutcome.SUCCEEDED, 1.0)
+    end(machine, "d2", TaskOutcome.SUCCEEDED, 1.0)
+    assert machine.capacity == 2  # both ends out
+    (claim,) = deliver(machine, arrival("d3"), arrival("d4"))
+    claim_all(machine, claim)
+    end(machine, "d3", TaskOutcome.SUCCEEDED, 2.0)
+    end(machine, "d4", TaskOutcome.SUCCEEDED, 2.0)
+    # four ends out (none recorded yet): twice the concurrency is held, no room
+    assert len(machine.in_flight) == 4
+    assert machine.capacity == 0
 
 
 def test_capacity_never_goes_negative() -> None:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from machines import arrival, make_machine, of_type
 
-from docket_core.sansio.effects import Claim, Heartbeat, Read
+from docket_core.sansio.effects import Claim, Finish, Heartbeat, Read
 from docket_core.sansio.inputs import (
     Claimed,
     ClaimVerdict,
     ReadDone,
     ReadFailed,
     ShutdownRequested,
+    TaskEnded,
+    TaskOutcome,
     Tick,
 )
 from docket_core.sansio.worker import WorkerMachine
@@ -58,6 +60,26 @@ def test_a_full_worker_reads_again_once_a_delivery_ends() -> None:
     machine.store_replied([claim], [Claimed(verdicts=(("d1", ClaimVerdict.SUPERSEDED),))], 0.1)
     (read,) = of_type(machine.effects(), Read)
     assert read.count == 1
+
+
+def test_runs_that_end_together_make_one_read_that_goes_out_with_their_ends() -> None:
+    machine = reading_machine(concurrency=3)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    arrivals = tuple(arrival(f"d{i}", redelivered=True) for i in range(3))
+    machine.receive(ReadDone(arrivals=arrivals, next_due=None, now=0.0))
+    (claim,) = of_type(machine.effects(), Claim)
+    verdicts = tuple((f"d{i}", ClaimVerdict.CLAIMED) for i in range(3))
+    machine.store_replied([claim], [Claimed(verdicts=verdicts)], 0.1)
+    machine.effects()  # (the starts)
+    assert machine.capacity == 0
+    for i in range(3):
+        machine.receive(TaskEnded(delivery_id=f"d{i}", now=0.2, outcome=TaskOutcome.SUCCEEDED))
+    effects = machine.effects()
+    # the three ends, and one read for all their room in the same drain
+    assert len(of_type(effects, Finish)) == 3
+    (read,) = of_type(effects, Read)
+    assert read.count == 3 and read.now == 0.2
 
 
 def test_a_failed_read_is_followed_by_a_recovering_one_after_the_delay() -> None:

@@ -66,7 +66,9 @@ def test_releasing_a_slot_never_acquired_is_caught(monkeypatch: pytest.MonkeyPat
             )
 
     monkeypatch.setattr(WorkerMachine, "_slot", release_when_parked)
-    assert "does not hold" in _run_until_violation(range(5), 3000)
+    # (an ``AcquireSlot`` the store denies is rare in the simulation: about
+    # one run in twenty meets one, so the search spans forty seeds)
+    assert "does not hold" in _run_until_violation(range(40), 3000)
 
 
 def test_a_store_that_hands_out_leased_messages_is_caught(
