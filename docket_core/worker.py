@@ -519,12 +519,19 @@ class Worker:
                 if rounds is not None:
                     rounds -= 1
                 store: list[StoreEffect] = []
+                read_handed = False
                 for effect in effects:
                     if isinstance(effect, StoreEffect):
                         store.append(effect)
                     else:
+                        read_handed = read_handed or type(effect) is Read
                         self._run_effect(effect)
                 if store:
+                    if read_handed:
+                        # the reader sends its read before this batch goes
+                        # out: the server answers it first, and the next
+                        # deliveries are prepared while it works on the batch
+                        await anyio.lowlevel.checkpoint()
                     try:
                         outcomes = await self.docket.adapter.execute(store)
                     except StoreError as error:

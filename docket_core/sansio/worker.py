@@ -13,8 +13,9 @@ pass of the runtime make one read; a delivery whose end is out to the store
 leaves its room to that read (``capacity``), which then goes out beside the
 ends instead of after their reply.  It also decides what follows a batch
 of store effects that got no reply or an error: its ``Outbox``
-(``outbox.py``) sends it again, gives it up or declares it fatal.  A worker that cannot renew its leases for
-``fence_after`` stops those runs itself, before another worker may take them.
+(``outbox.py``) sends it again, gives it up or declares it fatal.  A worker
+that cannot renew its leases for ``fence_after`` stops those runs itself,
+before another worker may take them.
 
 Any exception out of ``receive`` or ``store_replied`` is docket's bug
 (``InvalidTransition``, ``InternalError``) or a misuse (an input it does not
