@@ -519,18 +519,23 @@ class Worker:
                 if rounds is not None:
                     rounds -= 1
                 store: list[StoreEffect] = []
-                read_handed = False
+                read_handed = starts = False
                 for effect in effects:
                     if isinstance(effect, StoreEffect):
                         store.append(effect)
                     else:
-                        read_handed = read_handed or type(effect) is Read
+                        kind = type(effect)
+                        read_handed = read_handed or kind is Read
+                        starts = starts or kind is StartTask
                         self._run_effect(effect)
                 if store:
-                    if read_handed:
+                    if read_handed and not starts:
                         # the reader sends its read before this batch goes
                         # out: the server answers it first, and the next
-                        # deliveries are prepared while it works on the batch
+                        # deliveries are prepared while it works on the
+                        # batch.  (Not when the batch holds the claim of runs
+                        # that start with it: the claim goes out before they
+                        # get a turn, so a run sees its key running.)
                         await anyio.lowlevel.checkpoint()
                     try:
                         outcomes = await self.docket.adapter.execute(store)
