@@ -13,11 +13,14 @@ from collections.abc import Callable
 import anyio
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from redis.asyncio.connection import Connection as RedisConnection
 from servers import Server
 
 from docket_core import Disposition, Docket, ExecutionState
 from docket_redis import RedisStore
-from docket_redis.store import CALLERS_KEPT
+from docket_redis.store import CALLERS_KEPT, _packed
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends("redis-asyncio")]
 
@@ -123,3 +126,34 @@ async def test_closing_the_docket_gives_the_kept_connections_back(docket_url: st
         await docket.add(echo)(1)
         assert len(store._callers) == 1
     assert store._callers == []
+
+
+# -- the packer ----------------------------------------------------------------------------
+
+_ARGUMENTS = st.one_of(
+    st.text(max_size=40),
+    st.binary(max_size=40),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["EVALSHA", "WAIT"]), st.lists(_ARGUMENTS)), max_size=4))
+def test_script_calls_are_packed_as_redis_py_packs_them(
+    raw: list[tuple[str, list[object]]],
+) -> None:
+    connection = RedisConnection()
+    commands = [(name, *arguments) for name, arguments in raw]
+    assert b"".join(_packed(connection, commands)) == b"".join(connection.pack_commands(commands))
+
+
+def test_the_packer_leaves_other_encodings_and_split_names_to_redis_py() -> None:
+    latin = RedisConnection(encoding="latin-1")
+    command = ("EVALSHA", "é", b"x", 3)
+    assert b"".join(_packed(latin, [command])) == b"".join(latin.pack_commands([command]))
+    assert b"".join(_packed(latin, [command])) != b"".join(_packed(RedisConnection(), [command]))
+    split = ("SCRIPT LOAD", "return 1")
+    connection = RedisConnection()
+    assert b"".join(_packed(connection, [split])) == b"".join(connection.pack_commands([split]))
+    assert b"$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n" in b"".join(_packed(connection, [split]))
