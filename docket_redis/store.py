@@ -115,15 +115,14 @@ def _packed(connection: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
     whose name holds a space (redis-py splits it) or an argument hiredis
     does not take goes through redis-py's packer."""
     encoder = connection.encoder
-    if _pack_command is None or encoder.encoding != "utf-8" or encoder.encoding_errors != "strict":
-        return connection.pack_commands(commands)
-    try:
-        packed = [_pack_command(command) for command in commands if " " not in command[0]]
-    except TypeError:
-        return connection.pack_commands(commands)
-    if len(packed) != len(commands):
-        return connection.pack_commands(commands)
-    return packed
+    utf8 = (encoder.encoding, encoder.encoding_errors) == ("utf-8", "strict")
+    if _pack_command is not None and utf8:
+        try:
+            if not any(" " in command[0] for command in commands):
+                return [_pack_command(command) for command in commands]
+        except TypeError:  # (a bytes name, or an argument hiredis does not take)
+            pass
+    return connection.pack_commands(commands)
 
 
 def _raise_first(replies: Sequence[Any]) -> None:
