@@ -147,10 +147,12 @@ class StorageAdapter(Protocol):
     async def close(self) -> None:
         """Disconnect; called once by ``Docket.__aexit__``."""
 
-    def sibling(self, name: str) -> StorageAdapter:
+    def sibling(self, name: str, partitions: int = 1) -> StorageAdapter:
         """An ordinary store of the docket ``name`` beside this one: on the
         same client (Redis, GLIDE) or memory location, sharing this store's
-        budget of commands in flight.  Called on an open store; the sibling
+        budget of commands in flight; a partition of a ``partitions``-count
+        layout (its adds name that count, and a partition a change of the
+        count closed refuses those of another).  Called on an open store; the sibling
         is opened and closed like any store, and closing it leaves the shared
         client open (the store it came from owns it)."""
 
@@ -170,22 +172,28 @@ class StorageAdapter(Protocol):
         sealed)."""
 
     async def close_partition(
-        self, op: ClosingStep, count: int, epoch: int, lease: float, now: float
+        self, op: ClosingStep, count: int, epoch: int, lease: float, now: float, owner: str = ""
     ) -> bool:
         """One step on this store's docket as one partition of a layout that
-        a change of the partition count to ``count`` leaves (atomically; a
-        closed partition refuses new tasks and dead-letter replays with an
-        error naming ``count``; ``sansio.layout_change``):
+        a change of the partition count to ``count`` leaves, or keeps
+        (atomically; a closed partition refuses new tasks and dead-letter
+        replays from the stores of any other count with an error naming
+        ``count``; ``sansio.layout_change``):
 
-        - ``"close"``: close it for ``lease`` seconds, unless it holds a task
-          (scheduled, queued, handed out or parked): False then, nothing done;
-          True and nothing done when it is sealed (an undo must not open it);
-        - ``"undo"``: remove this count's lease (False: there was none);
-        - ``"seal"``: close it for good as of the change ``epoch``, if it
-          holds this count's lease or no task, or a seal of ``epoch`` or a
-          later one already (else False: a task came in after the lease ran
-          out);
-        - ``"unseal"``: remove a seal of ``epoch`` or an earlier one (False:
+        - ``"close"``: close it to every add for ``lease`` seconds, under a
+          lease of ``owner`` (the change's id; other changes' leases stay),
+          unless it holds a task (scheduled, queued, handed out or parked):
+          False then, nothing done; a seal stays under the lease (an undo
+          must not open it);
+        - ``"undo"``: remove ``owner``'s lease (False: there was none); the
+          partition opens when no lease is left;
+        - ``"seal"``: close it for good as of the change ``epoch`` to every
+          count but ``count`` (every lease gone: a change still under way
+          loses its compare-and-set), unless it holds a seal of ``epoch`` or
+          a later one; False when it holds a task
+          and not ``owner``'s lease (a task came in after the lease ran out);
+        - ``"unseal"``: give a seal of another count, of ``epoch`` or an
+          earlier one (a change away undone since), to ``count`` (False:
           there was none).
         ``now`` is the caller's clock (the memory store's leases run on it)."""
 

@@ -6,7 +6,7 @@
   producer still open with the old count cannot strand one.  The steps and
   their order are the core's (``sansio.layout_change``); this carries them
   out through the ``StorageAdapter`` protocol (``record_partitions``,
-  ``forget_leaving``, ``sibling``, ``close_partition``, ``pending``).
+  ``forget_leaving``, ``sibling``, ``close_partition``).
   ``PartitionedStore`` runs it on open with N partitions, ``Docket`` with
   one; ``finish_leaving`` seals what a change that died left open.
 - ``spanning_limits``: a task's policy with its unscoped concurrency limit
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -28,12 +29,10 @@ from .sansio.errors import UsageError
 from .sansio.layout_change import (
     Answer,
     AskCount,
-    AskPending,
     CountRecorded,
     LayoutChange,
     LeavingForgotten,
     PartitionsStepped,
-    PendingCounted,
     Step,
     StepPartitions,
     layout_names,
@@ -61,7 +60,7 @@ async def settle_layout(home: StorageAdapter, partitions: int) -> None:
     ``sansio.layout_change.LayoutChange``, carried out one by one.  Two
     round trips when the count is the recorded one (one more per partition).
     A ``StoreError`` of a step ends it there, as a crash would."""
-    await _carry_out(home, LayoutChange(home.name, partitions))
+    await _carry_out(home, LayoutChange(home.name, partitions, owner=uuid.uuid4().hex))
 
 
 async def finish_leaving(home: StorageAdapter, recorded: CountRecorded) -> None:
@@ -100,15 +99,11 @@ async def perform(home: StorageAdapter, step: Step, now: float) -> Answer:
     if isinstance(step, StepPartitions):
 
         async def one(store: StorageAdapter) -> bool:
-            return await store.close_partition(step.op, step.count, step.epoch, CLOSE_LEASE, now)
+            return await store.close_partition(
+                step.op, step.count, step.epoch, CLOSE_LEASE, now, step.owner
+            )
 
         return PartitionsStepped(results=tuple(await _on_each(home, step.names, one)))
-    if isinstance(step, AskPending):
-
-        async def pending(store: StorageAdapter) -> int:
-            return await store.pending()
-
-        return PendingCounted(counts=tuple(await _on_each(home, step.names, pending)))
     await home.forget_leaving(step.old)
     return LeavingForgotten()
 

@@ -95,7 +95,7 @@ class PartitionedStore:
         try:
             stack.push_async_callback(self.home.close)
             for name in self.part_names:
-                part = self.home.sibling(name)
+                part = self.home.sibling(name, self.partitions)
                 await part.open()
                 stack.push_async_callback(part.close)
                 self.parts.append(part)
@@ -119,9 +119,9 @@ class PartitionedStore:
             and all(home.runs_apart_with(part) for part in self.parts)
         )
 
-    def sibling(self, name: str) -> StorageAdapter:
+    def sibling(self, name: str, partitions: int = 1) -> StorageAdapter:
         """An ordinary store of docket ``name`` beside ``home``."""
-        return self.home.sibling(name)
+        return self.home.sibling(name, partitions)
 
     async def record_partitions(self, expected: int, new: int) -> CountRecorded:
         """The docket's recorded partition count (in ``home``)."""
@@ -131,10 +131,10 @@ class PartitionedStore:
         await self.home.forget_leaving(old)
 
     async def close_partition(
-        self, op: ClosingStep, count: int, epoch: int, lease: float, now: float
+        self, op: ClosingStep, count: int, epoch: int, lease: float, now: float, owner: str = ""
     ) -> bool:
         """``home``'s: the one-partition layout (its docket's own namespace)."""
-        return await self.home.close_partition(op, count, epoch, lease, now)
+        return await self.home.close_partition(op, count, epoch, lease, now, owner)
 
     def _spawn(self) -> TaskGroup:
         assert self._group is not None, "the store is not open"

@@ -241,8 +241,9 @@ class GlideStore(ScriptedStore):
         *,
         name: str,
         client: Client | None = None,
+        partitions: int = 1,
     ) -> None:
-        super().__init__(name=name)
+        super().__init__(name=name, partitions=partitions)
         self.cluster = isinstance(configuration, GlideClusterClientConfiguration)
         if client is not None and isinstance(client, GlideClusterClient) != self.cluster:
             kind = "GlideClusterClient" if self.cluster else "GlideClient"
@@ -279,13 +280,15 @@ class GlideStore(ScriptedStore):
     async def open(self) -> None:
         await self._main()
 
-    def sibling(self, name: str) -> GlideStore:
+    def sibling(self, name: str, partitions: int = 1) -> GlideStore:
         """Docket ``name`` on this open store's main client (not owned:
         closing it leaves the client open), sharing its requests in flight;
         its blocking reads and listeners get clients of their own."""
         if self.client is None:
             raise UsageError(f"open the store of docket {self.name} before its siblings")
-        sibling = GlideStore(self.configuration, name=name, client=self.client)
+        sibling = GlideStore(
+            self.configuration, name=name, client=self.client, partitions=partitions
+        )
         sibling._inflight = self._limiter()
         sibling.signing = self.signing
         return sibling

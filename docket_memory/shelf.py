@@ -260,25 +260,39 @@ class Shelf:
     leaving: int | None = None
     #: how many times the count changed (``{name}:epoch``)
     epoch: int = 0
-    #: ``("lease", count, until)`` or ``("sealed", count, epoch)``: closed to
-    #: new tasks by a change of the partition count (``P:closed``, ``close.lua``)
-    closed: tuple[str, int, float] | None = None
+    #: the leases of the changes of the partition count under way, as
+    #: ``(count, owner)``, and when they run out (``P:closing``,
+    #: ``close.lua``): nobody adds here while one holds
+    closing: set[tuple[int, str]] = attrs.field(factory=set)
+    closing_until: float = 0.0
+    #: ``(count, epoch)``: the count changed to ``count`` (the docket's
+    #: ``epoch``th change): only its producers add here (``P:closed``)
+    sealed: tuple[int, int] | None = None
 
-    def refuse_closed(self, now: float) -> None:
-        """Raise as ``refuse_closed`` in the scripts' prelude does."""
-        closed = self.closed
-        if closed is None or (closed[0] == "lease" and closed[2] <= now):
-            return
-        state, count, _ = closed
+    def leases(self, now: float) -> set[tuple[int, str]]:
+        """The close leases that hold at ``now`` (the set, emptied once they
+        ran out)."""
+        if self.closing and self.closing_until <= now:
+            self.closing.clear()
+        return self.closing
+
+    def refuse_closed(self, count: int, now: float) -> None:
+        """Raise as ``refuse_closed`` in the scripts' prelude does, for an
+        add by a producer of ``count`` partitions."""
         where = f"{{{self.name}}}"
-        if state == "sealed":
+        leases = self.leases(now)
+        if leases:
+            to = next(iter(leases))[0]
             raise StoreError(
-                f"docket: {where} is closed: the docket has {count} partitions now; "
-                f"open it with partitions={count}"
+                f"docket: {where} is closed while the docket changes to {to} "
+                f"partitions; open it with partitions={to}"
             )
+        if self.sealed is None or self.sealed[0] == count:
+            return
+        to = self.sealed[0]
         raise StoreError(
-            f"docket: {where} is closed while the docket changes to {count} partitions; "
-            f"open it with partitions={count}"
+            f"docket: {where} is closed: the docket has {to} partitions now; "
+            f"open it with partitions={to}"
         )
 
     def pool(self, scope: str | None = None) -> Pool:

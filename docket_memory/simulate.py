@@ -535,9 +535,7 @@ class Simulation:
             pool, limit_key = parked
             for waiter in pool.waiters.get(limit_key, ()):
                 if waiter.shelf is shelf and waiter.message.generation == generation:
-                    raise InvariantViolated(
-                        f"{key} of {docket} runs while it waits behind a limit"
-                    )
+                    raise InvariantViolated(f"{key} of {docket} runs while it waits behind a limit")
         future = shelf.future.get(key)
         if key in shelf.scoped_parked and future is not None and future.generation == generation:
             raise InvariantViolated(f"{key} of {docket} runs while it waits behind a scoped limit")

@@ -84,8 +84,13 @@ def shelf_for(location: str, name: str) -> Shelf:
 class MemoryStore:
     """A ``StorageAdapter`` over an in-process ``Shelf``."""
 
-    def __init__(self, *, name: str, location: str = "", shelf: Shelf | None = None) -> None:
+    def __init__(
+        self, *, name: str, location: str = "", shelf: Shelf | None = None, partitions: int = 1
+    ) -> None:
         self.name = name
+        #: the count of the layout this store is a partition of, which its
+        #: adds name (``StorageAdapter.sibling``)
+        self.partitions = partitions
         #: the ``memory://`` location its siblings share
         self.location = location
         self.shelf = shelf if shelf is not None else shelf_for(location, name)
@@ -102,10 +107,10 @@ class MemoryStore:
     async def close(self) -> None:
         return None
 
-    def sibling(self, name: str) -> MemoryStore:
+    def sibling(self, name: str, partitions: int = 1) -> MemoryStore:
         """Docket ``name`` in this store's location (a store built around a
         shelf of its own: the location it was given, ``""`` by default)."""
-        return MemoryStore(name=name, location=self.location)
+        return MemoryStore(name=name, location=self.location, partitions=partitions)
 
     async def record_partitions(self, expected: int, new: int) -> CountRecorded:
         if expected < 1 or new < 1:
@@ -124,36 +129,33 @@ class MemoryStore:
             self.shelf.leaving = None
 
     async def close_partition(
-        self, op: ClosingStep, count: int, epoch: int, lease: float, now: float
+        self, op: ClosingStep, count: int, epoch: int, lease: float, now: float, owner: str = ""
     ) -> bool:
         if op not in ("close", "undo", "seal", "unseal") or count < 0 or epoch < 0:
             raise ValueError(f"not a closing step: {op!r} with count {count}, epoch {epoch}")
         shelf = self.shelf
-        closed = shelf.closed
-        if closed is not None and closed[0] == "lease" and closed[2] <= now:
-            closed = shelf.closed = None  # (the lease ran out)
-        sealed_at = closed[2] if closed is not None and closed[0] == "sealed" else None
+        leases, mine = shelf.leases(now), (count, owner)
         if op == "close":
-            if sealed_at is not None:  # (the seal stays: an undo must not open it)
-                return True
             if await self.pending():
                 return False
-            shelf.closed = ("lease", count, now + lease)
+            leases.add(mine)
+            shelf.closing_until = now + lease
             return True
         if op == "undo":
-            if closed is None or closed[:2] != ("lease", count):
+            if mine not in leases:
                 return False
-            shelf.closed = None
+            leases.discard(mine)
             return True
+        sealed = shelf.sealed
         if op == "seal":
-            if sealed_at is not None and sealed_at >= epoch:
+            if sealed is not None and sealed[1] >= epoch:
                 return True
-            if (closed is None or closed[:2] != ("lease", count)) and await self.pending():
-                return False
-            shelf.closed = ("sealed", count, epoch)
-            return True
-        if sealed_at is not None and sealed_at <= epoch:
-            shelf.closed = None
+            held = mine in leases
+            shelf.sealed = (count, epoch)
+            leases.clear()
+            return held or not await self.pending()
+        if sealed is not None and sealed[0] != count and sealed[1] <= epoch:
+            shelf.sealed = (count, epoch)
             return True
         return False
 
@@ -252,7 +254,7 @@ class MemoryStore:
 
     def _schedule(self, effect: Schedule) -> Scheduled:
         shelf = self.shelf
-        shelf.refuse_closed(effect.now)
+        shelf.refuse_closed(self.partitions, effect.now)
         message = effect.message
         key = message.key
         if effect.acknowledge is not None:
@@ -611,7 +613,7 @@ class MemoryStore:
         record; one that still does not read, or whose key moved on, goes
         back and is set aside again (it stays here)."""
         shelf = self.shelf
-        shelf.refuse_closed(time.time())
+        shelf.refuse_closed(self.partitions, time.time())
         wanted = None if entry_ids is None else set(entry_ids)
         letters = [d for d in shelf.dead if wanted is None or d.entry_id in wanted]
         for letter in letters:

@@ -189,8 +189,9 @@ class RedisStore(ScriptedStore):
         wait_replicas: int = 0,
         wait_timeout_ms: int = WAIT_TIMEOUT_MS,
         max_commands: int | None = None,
+        partitions: int = 1,
     ) -> None:
-        super().__init__(name=name)
+        super().__init__(name=name, partitions=partitions)
         self.client = client
         self._owned = owned
         self.wait_replicas = wait_replicas
@@ -237,12 +238,13 @@ class RedisStore(ScriptedStore):
         except StoreUnavailable as error:
             raise StoreUnavailable(f"cannot reach Redis: {error.__cause__}") from error.__cause__
 
-    def sibling(self, name: str) -> RedisStore:
+    def sibling(self, name: str, partitions: int = 1) -> RedisStore:
         """Docket ``name`` on this store's client (not owned: closing it
         leaves the client open), sharing its command turns."""
         sibling = RedisStore(
             self.client,
             name=name,
+            partitions=partitions,
             wait_replicas=self.wait_replicas,
             wait_timeout_ms=self.wait_timeout_ms,
         )

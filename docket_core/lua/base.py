@@ -114,9 +114,11 @@ class ScriptedStore(abc.ABC):
     #: before it writes says False)
     sends_at_once = True
 
-    def __init__(self, *, name: str) -> None:
+    def __init__(self, *, name: str, partitions: int = 1) -> None:
         self.name = name
-        self.layout = Layout(name)
+        #: (``partitions``: the count of the layout this store is a partition
+        #: of, which its adds name: ``Layout.partitions``)
+        self.layout = Layout(name, partitions)
         self._strikes = StrikeList()
         self._strikes_seen = "0-0"
         self._strikes_checked = 0.0
@@ -372,7 +374,7 @@ class ScriptedStore(abc.ABC):
         await self.run_calls([self.layout.call("layout", "forget", str(old), durable=False)])
 
     async def close_partition(
-        self, op: ClosingStep, count: int, epoch: int, lease: float, now: float
+        self, op: ClosingStep, count: int, epoch: int, lease: float, now: float, owner: str = ""
     ) -> bool:
         # (the lease runs on the server's clock: ``now`` is the memory store's)
         # the ``unseal`` a Docket makes on entering is not durable: it removes
@@ -385,6 +387,7 @@ class ScriptedStore(abc.ABC):
             str(count),
             str(epoch),
             str(max(1, round(lease * 1000))),
+            owner,
             durable=op != "unseal",
         )
         (reply,) = await self.run_calls([call])
@@ -501,18 +504,24 @@ class ScriptedStore(abc.ABC):
             cursor = text(cursor)
 
     async def dead_letters(self, limit: int = SNAPSHOT_LIMIT) -> tuple[int, list[DeadLetter]]:
-        reply = await self._look("dead", "list", str(limit))
+        reply = await self._look("dead", "list", str(limit), self._count)
         return parse_dead_letters(reply)
+
+    @property
+    def _count(self) -> str:
+        """The partition count this store's adds name (``refuse_closed``)."""
+        return str(self.layout.partitions)
 
     async def replay_dead_letters(self, entry_ids: Sequence[str] | None) -> int:
         if entry_ids is not None:
             if not entry_ids:
                 return 0
-            (reply,) = await self.run_calls([self.layout.call("dead", "replay", "0", *entry_ids)])
+            call = self.layout.call("dead", "replay", "0", self._count, *entry_ids)
+            (reply,) = await self.run_calls([call])
             return int(reply)
         replayed = 0
         while True:  # all of them, a chunk a call
-            call = self.layout.call("dead", "replay", CLEAR_CHUNK, "*")
+            call = self.layout.call("dead", "replay", CLEAR_CHUNK, self._count, "*")
             (reply,) = await self.run_calls([call])
             replayed += int(reply)
             if int(reply) < int(CLEAR_CHUNK):
@@ -522,5 +531,5 @@ class ScriptedStore(abc.ABC):
         ids = ["*"] if entry_ids is None else list(entry_ids)
         if not ids:
             return 0
-        (reply,) = await self.run_calls([self.layout.call("dead", "drop", "0", *ids)])
+        (reply,) = await self.run_calls([self.layout.call("dead", "drop", "0", self._count, *ids)])
         return int(reply)

@@ -1,4 +1,5 @@
--- Dead letters: ARGV = prefix, group, what, count, ids...
+-- Dead letters: ARGV = prefix, group, what, count, the partition count of
+-- the caller's layout (refuse_closed), ids...
 --   'list'   -> {how many dead letters, the newest `count` as {id, fields}}
 --   'replay' -> put the named dead letters ('*': the oldest `count`) back in
 --               the queue as they were (their original fields) and remove
@@ -12,27 +13,27 @@ local D = P .. ':dead'
 if (what ~= 'list' and what ~= 'replay' and what ~= 'drop') or not count or count < 0 then
   error('docket: dead letters take list, replay or drop, and a count')
 end
-for i = 5, #ARGV do
-  if not (ARGV[i] == '*' and #ARGV == 5) and not string.match(ARGV[i], '^%d+%-%d+$') then
+for i = 6, #ARGV do
+  if not (ARGV[i] == '*' and #ARGV == 6) and not string.match(ARGV[i], '^%d+%-%d+$') then
     error('docket: not a dead letter id: ' .. ARGV[i])
   end
 end
 if what == 'list' then
   return {redis.call('XLEN', D), redis.call('XREVRANGE', D, '+', '-', 'COUNT', count)}
 end
-if what == 'replay' then refuse_closed() end
-if ARGV[5] == '*' and what == 'drop' then
+if what == 'replay' then refuse_closed(ARGV[5]) end
+if ARGV[6] == '*' and what == 'drop' then
   local n = redis.call('XLEN', D)
   redis.call('DEL', D)
   return n
 end
 local ids = {}
-if ARGV[5] == '*' then
+if ARGV[6] == '*' then
   for _, entry in ipairs(redis.call('XRANGE', D, '-', '+', 'COUNT', count)) do
     ids[#ids + 1] = entry[1]
   end
 else
-  for i = 5, #ARGV do ids[#ids + 1] = ARGV[i] end
+  for i = 6, #ARGV do ids[#ids + 1] = ARGV[i] end
 end
 -- the key's record runs the replayed message: revived when the bury failed
 -- it (same generation), rebuilt when it is gone; otherwise it stays as it is

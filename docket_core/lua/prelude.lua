@@ -125,17 +125,31 @@ local function remember_all()
 end
 
 -- refuse to add tasks to a partition closed by a change of the docket's
--- partition count (close.lua), before any write
-local function refuse_closed()
-  local closed = redis.call('GET', P .. ':closed')
-  if not closed then return end
-  local state, count = string.match(closed, '^(%a+):(%d+)')
-  if state == 'sealed' then
-    error('docket: ' .. P .. ' is closed: the docket has ' .. tostring(count)
-          .. ' partitions now; open it with partitions=' .. tostring(count))
+-- partition count (close.lua), before any write.  P:closing holds the
+-- leases of the changes under way ('<count>:<owner>'): no add until one is
+-- recorded and the partition sealed.  P:closed names the count it went to
+-- ('sealed:<count>:<epoch>'): only its producers add (`count`: the
+-- producer's, as a string).  (An older store kept 'lease:<count>' there.)
+local function refuse_closed(count)
+  if not string.match(count or '', '^%d+$') then
+    error('docket: an add names the partition count of its producer')
   end
-  error('docket: ' .. P .. ' is closed while the docket changes to ' .. tostring(count)
-        .. ' partitions; open it with partitions=' .. tostring(count))
+  local state, to = 'lease', nil
+  local lease = redis.call('SRANDMEMBER', P .. ':closing')
+  if lease then
+    to = string.match(lease, '^(%d+):')
+  else
+    local closed = redis.call('GET', P .. ':closed')
+    if not closed then return end
+    state, to = string.match(closed, '^(%a+):(%d+)')
+    if state == 'sealed' and to == count then return end
+  end
+  if state == 'sealed' then
+    error('docket: ' .. P .. ' is closed: the docket has ' .. tostring(to)
+          .. ' partitions now; open it with partitions=' .. tostring(to))
+  end
+  error('docket: ' .. P .. ' is closed while the docket changes to ' .. tostring(to)
+        .. ' partitions; open it with partitions=' .. tostring(to))
 end
 local function run_key(key) return P .. ':run:' .. key end
 local function msg_key(key) return P .. ':msg:' .. key end

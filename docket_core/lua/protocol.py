@@ -107,9 +107,13 @@ class ScriptCall:
 @attrs.frozen(slots=True)
 class Layout:
     """The key names of one namespace: a docket's (``Layout(name)``), or the
-    one every docket naming a scope shares (``Layout(scope)``)."""
+    one every docket naming a scope shares (``Layout(scope)``).
+    ``partitions`` is the count of the layout a docket's store belongs to:
+    its adds name it, and a partition a change of the count closed refuses
+    those of another count (``refuse_closed``)."""
 
     name: str
+    partitions: int = 1
 
     @property
     def prefix(self) -> str:
@@ -404,7 +408,7 @@ def calls_for(layout: Layout, effects: Sequence[StoreEffect]) -> list[tuple[Scri
         kind, where = type(effect), layout_for(layout, effect)
         if covered and (kind, where) != run_of:
             assert run_of is not None
-            calls.append((run_of[1].remembered_call(script, request, b"".join(run)), covered))
+            calls.append((_batch_call(run_of[1], script, request, run), covered))
             run, covered, request = [], 0, None
         batched = BATCHED.get(kind)
         if batched is None:
@@ -420,8 +424,18 @@ def calls_for(layout: Layout, effects: Sequence[StoreEffect]) -> list[tuple[Scri
         covered += 1
     if covered:
         assert run_of is not None
-        calls.append((run_of[1].remembered_call(script, request, b"".join(run)), covered))
+        calls.append((_batch_call(run_of[1], script, request, run), covered))
     return calls
+
+
+def _batch_call(
+    where: Layout, script: str, request: Request | None, fields: list[bytes]
+) -> ScriptCall:
+    """The call of a batched ``script`` over ``fields`` in ``where``; an add
+    names its layout's partition count after them."""
+    if script == "schedule":
+        return where.remembered_call(script, request, b"".join(fields), b"%d" % where.partitions)
+    return where.remembered_call(script, request, b"".join(fields))
 
 
 def same_slot_groups(calls: Sequence[ScriptCall]) -> list[list[ScriptCall]]:

@@ -1,5 +1,6 @@
 -- Schedule: ARGV = prefix, group, memo header, then the fields of one or
--- more messages packed into one argument (unpack_batch), 12 a message: key,
+-- more messages packed into one argument (unpack_batch), then the partition
+-- count of the caller's layout (refuse_closed).  12 fields a message: key,
 -- function, payload, when, attempt, mode, now, acknowledge,
 -- expect_generation, ended, ended_error, request number.  ended (a state,
 -- or '') is how the run this message follows ended (a perpetual task's):
@@ -64,7 +65,7 @@ local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect,
   return {1, tostring(gen), 'scheduled'}
 end
 local items = unpack_batch(ARGV[4], 12)
-refuse_closed()
+refuse_closed(ARGV[5])
 open_memo(ARGV[3])
 local seqs = {}
 for i, item in ipairs(items) do seqs[i] = item[12] end

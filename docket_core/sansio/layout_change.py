@@ -5,20 +5,27 @@ Theory of operation
 -------------------
 The home store records the count a docket's producers and workers use
 (absent: 1), and, after a change, the count that left (``leaving``) until
-that count's partitions are sealed.  A producer still open with an old count
-adds where no worker of the new count reads; so a change from the recorded
-count R to N first *closes* R's partitions that N has not (each atomically,
-only if it holds no task, under a lease of ``CLOSE_LEASE`` seconds; a
-sealed one stays sealed, so a change that gives up and undoes its leases
-never opens what another change sealed; closed, a partition refuses adds
-with an error naming N), checks that the partitions
-both layouts share are empty, then records N by compare-and-set (which also
-records ``leaving = R``, and fails while an earlier change's seal is
-pending), *seals* R's partitions (closed for good) and forgets ``leaving``.
-Each change counts one more ``epoch``, and its seals carry it.  Last, any
-opener of the recorded count removes the seals its own layout carries from
-its epoch or before (a change away that was undone since); a seal of a
-change away that ran after it read the count is later, so it stays.
+that count's partitions are sealed.  Every add names its producer's count,
+and a partition a change closed takes adds of one count only: a producer
+still open with an old count would add where no worker of the new count
+reads, or, in a partition both layouts share (their tags can be the same),
+where a worker reads it but the new count's lookups by key (``cancel``,
+``get_execution``, a duplicate key) do not look.  So a change from the
+recorded count R to N first *closes* all of R's partitions to every add
+(each atomically, only if it holds no task, under a lease of
+``CLOSE_LEASE`` seconds that carries the change's ``owner``: another
+change's undo removes only its own lease, and a seal stays under them, so
+a change that gives up never opens what another change closed or sealed;
+closed, a partition refuses adds with an error naming N), then records N
+by compare-and-set (which also records ``leaving = R``, and fails while an
+earlier change's seal is pending), *seals* R's partitions for N (for good,
+every lease removed: the ones N has not take nothing, the shared ones N's
+adds only; a change still under way loses its compare-and-set) and
+forgets ``leaving``.  Each change counts one more ``epoch``, and its seals
+carry it.  Last, any opener of the recorded count gives the seals of other
+counts its own layout carries, from its epoch or before (a change away that
+was undone since), to its count; a seal of a change away that ran after it
+read the count is later, so it stays.
 
 Crashes: every step is one atomic call, and an opener may die between any
 two.  Before the compare-and-set, R stays recorded and its closed
@@ -26,8 +33,10 @@ partitions open again when the lease runs out.  After it, ``leaving`` says
 a seal is owed: the next opener, and every partitioned worker at its
 heartbeat (``LayoutChange.finishing``), seals R's partitions before going
 on, so the lease is not what keeps old producers out.  A seal finds a task
-only in a partition whose lease ran out first (an opener stalled past it):
-the task is reported (``Strays``), never silently left.
+without its lease only where the lease ran out first (an opener stalled
+past it): in a partition N has not, the task is reported (``Strays``),
+never silently left; in a shared one it runs under N (whose producers may
+have added it), so nothing is reported.
 
 One ``LayoutChange`` is one opener's attempt.  The driver
 (``partition_parts.settle_layout``) carries out ``step``, hands its answer
@@ -71,19 +80,14 @@ class AskCount:
 
 @attrs.frozen(slots=True, kw_only=True)
 class StepPartitions:
-    """``close_partition(op, count=, epoch=)`` on each of the stores ``names``."""
+    """``close_partition(op, count=, epoch=, owner=)`` on each of the stores
+    ``names`` (``owner``: the change's id, whose close leases these are)."""
 
     names: tuple[str, ...]
     op: ClosingStep
     count: int = 0
     epoch: int = 0
-
-
-@attrs.frozen(slots=True, kw_only=True)
-class AskPending:
-    """How many tasks each of the stores ``names`` holds."""
-
-    names: tuple[str, ...]
+    owner: str = ""
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -93,7 +97,7 @@ class ForgetLeaving:
     old: int
 
 
-Step = AskCount | StepPartitions | AskPending | ForgetLeaving
+Step = AskCount | StepPartitions | ForgetLeaving
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -115,18 +119,11 @@ class PartitionsStepped:
 
 
 @attrs.frozen(slots=True, kw_only=True)
-class PendingCounted:
-    """The answer to ``AskPending``: one count per name."""
-
-    counts: tuple[int, ...]
-
-
-@attrs.frozen(slots=True, kw_only=True)
 class LeavingForgotten:
     """The answer to ``ForgetLeaving``."""
 
 
-Answer = CountRecorded | PartitionsStepped | PendingCounted | LeavingForgotten
+Answer = CountRecorded | PartitionsStepped | LeavingForgotten
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -153,10 +150,8 @@ class Stage(Symbol):
     #: the recorded count is ours: removing the seals of changes away from
     #: it, undone since (those of its epoch or before)
     OPENING = "opening"
-    #: closing the recorded layout's partitions that ours has not
+    #: closing the recorded layout's partitions to any count but ours
     CLOSING = "closing"
-    #: asking whether the partitions both layouts share are empty
-    CHECKING_SHARED = "checking_shared"
     #: recording our count by compare-and-set
     RECORDING = "recording"
     #: the change cannot go on: opening again what we closed, then refusing
@@ -185,10 +180,6 @@ class Outcome(Symbol):
     ALL = "all"
     #: some did not (closing: a partition holds tasks)
     NOT_ALL = "not_all"
-    #: the shared partitions hold no task
-    EMPTY = "empty"
-    #: they hold tasks
-    BUSY = "busy"
     #: a step whose answer decides nothing (a seal, a forget)
     ANSWERED = "answered"
     #: too many retries
@@ -205,10 +196,8 @@ TRANSITIONS: dict[tuple[Stage, Outcome], Stage] = {
     (S.SEALING_LEFT, R.ANSWERED): S.FORGETTING,
     (S.FORGETTING, R.ANSWERED): S.CHECKING,
     (S.OPENING, R.ANSWERED): S.DONE,
-    (S.CLOSING, R.ALL): S.CHECKING_SHARED,
+    (S.CLOSING, R.ALL): S.RECORDING,
     (S.CLOSING, R.NOT_ALL): S.UNDOING,
-    (S.CHECKING_SHARED, R.EMPTY): S.RECORDING,
-    (S.CHECKING_SHARED, R.BUSY): S.UNDOING,
     (S.RECORDING, R.WON): S.SEALING_LEFT,
     (S.RECORDING, R.LOST): S.BACKING_OFF,
     (S.UNDOING, R.ANSWERED): S.DONE,
@@ -222,11 +211,14 @@ class LayoutChange:
     """One opener's settling of docket ``name`` on ``partitions`` (module
     docstring): ``step`` to carry out, ``receive`` its answer."""
 
-    def __init__(self, name: str, partitions: int) -> None:
+    def __init__(self, name: str, partitions: int, owner: str = "") -> None:
         if partitions < 1:
             raise ValueError(f"partitions must be at least 1, not {partitions}")
         self.name = name
         self.partitions = partitions
+        #: this change's id (the driver's: unique among the openers), which
+        #: its close leases carry, so another change's undo keeps them
+        self.owner = owner
         self.stage = Stage.CHECKING
         self.step: Step | None = AskCount(expected=partitions, new=partitions)
         #: why the count cannot change (set with ``done``)
@@ -272,11 +264,6 @@ class LayoutChange:
     def _names(self, count: int) -> tuple[str, ...]:
         return layout_names(self.name, count)
 
-    def _only(self, count: int, other: int) -> tuple[str, ...]:
-        """The partitions of ``count`` that ``other``'s layout has not."""
-        others = set(self._names(other))
-        return tuple(n for n in self._names(count) if n not in others)
-
     # -- answers -------------------------------------------------------------------
 
     def receive(self, answer: Answer) -> None:
@@ -307,12 +294,13 @@ class LayoutChange:
                 return R.ALL if all(results) else R.NOT_ALL
             if step.op == "seal" and not all(results):
                 old, new, _ = self._sealing
-                names = tuple(n for n, ok in zip(step.names, results, strict=True) if not ok)
-                self.reports.append(Strays(name=self.name, old=old, new=new, names=names))
+                kept = set(self._names(new))  # (their tasks run under ``new``)
+                names = tuple(
+                    n for n, ok in zip(step.names, results, strict=True) if not ok and n not in kept
+                )
+                if names:
+                    self.reports.append(Strays(name=self.name, old=old, new=new, names=names))
             return R.ANSWERED
-        if isinstance(answer, PendingCounted):
-            assert isinstance(step, AskPending)
-            return R.BUSY if any(answer.counts) else R.EMPTY
         assert isinstance(step, ForgetLeaving)
         return R.ANSWERED
 
@@ -348,23 +336,24 @@ class LayoutChange:
             step = AskCount(expected=self._recorded, new=n)
         elif stage is Stage.SEALING_LEFT or stage is Stage.FINISH_SEALING:
             old, new, epoch = self._sealing
-            step = StepPartitions(names=self._only(old, new), op="seal", count=new, epoch=epoch)
+            step = StepPartitions(
+                names=self._names(old), op="seal", count=new, epoch=epoch, owner=self.owner
+            )
         elif stage is Stage.FORGETTING or stage is Stage.FINISH_FORGETTING:
             step = ForgetLeaving(old=self._sealing[0])
         elif stage is Stage.OPENING:
-            step = StepPartitions(names=self._names(n), op="unseal", epoch=self._epoch)
+            step = StepPartitions(names=self._names(n), op="unseal", count=n, epoch=self._epoch)
         elif stage is Stage.CLOSING:
-            step = StepPartitions(names=self._only(self._recorded, n), op="close", count=n)
-        elif stage is Stage.CHECKING_SHARED:
-            ours = set(self._names(n))
-            step = AskPending(names=tuple(x for x in self._names(self._recorded) if x in ours))
+            step = StepPartitions(
+                names=self._names(self._recorded), op="close", count=n, owner=self.owner
+            )
         elif stage is Stage.UNDOING or stage is Stage.BACKING_OFF:
             if stage is Stage.UNDOING:
                 self.refusal = (
                     f"docket {self.name} holds tasks in {self._recorded} partitions: open it "
                     f"with partitions={self._recorded}, or drain it and stop its workers first"
                 )
-            step = StepPartitions(names=self._closed, op="undo", count=n)
+            step = StepPartitions(names=self._closed, op="undo", count=n, owner=self.owner)
         else:
             step = None
         self.step = step

@@ -35,43 +35,53 @@ def later() -> datetime:
 async def task() -> None: ...
 
 
+def sharing(old: int, new: int) -> str:
+    """A docket name whose layouts of ``old`` and ``new`` partitions share
+    one (both of 2 and 3 and more do, for about one name in two)."""
+    while True:
+        name = f"closing-{uuid.uuid4().hex}"
+        if set(part_names(name, old)) & set(part_names(name, new)):
+            return name
+
+
 @pytest.mark.parametrize(("old", "new"), [(1, 3), (3, 1), (3, 2)])
 async def test_a_producer_of_the_old_count_is_refused_after_a_change(
     make_docket: MakeDocket, docket_url: str, old: int, new: int
 ) -> None:
-    name = f"closing-{uuid.uuid4().hex}"
+    name = sharing(old, new) if old > 1 and new > 1 else f"closing-{uuid.uuid4().hex}"
     producer = await make_docket(name, partitions=old)
     producer.register(task)
     await producer.add(task, when=later(), key="before")()
     await producer.clear()
-    async with Docket(name=name, url=docket_url, partitions=new) as changed:
-        changed.register(task)
-        # a key of a partition only the old layout has is refused; one that
-        # both layouts share stays open (the new workers read it)
-        old_names = (name,) if old == 1 else part_names(name, old)
-        new_names = (name,) if new == 1 else part_names(name, new)
-        accepted = refused = 0
-        for n in range(24):
-            key = f"k-{n}"
-            if old_names[partition_of(key, old)] in new_names:
-                await producer.add(task, when=later(), key=key)()
-                accepted += 1
-                continue
-            match = f"has {new} partitions now; open it with partitions={new}"
-            with pytest.raises(StoreError, match=match):
-                await producer.add(task, when=later(), key=key)()
-            refused += 1
-        assert refused > 0
-        assert (accepted > 0) == bool(set(old_names) & set(new_names))
-        await changed.add(task, when=later(), key="after")()
-        assert await changed.adapter.pending() == accepted + 1
-        await changed.clear()
+    changed = await make_docket(name, partitions=new)
+    changed.register(task)
+    # refused everywhere: in a partition only the old layout has (no worker
+    # of the new count reads it), and in one both share (the new count's
+    # lookups by key look for the key elsewhere)
+    old_names = (name,) if old == 1 else part_names(name, old)
+    new_names = (name,) if new == 1 else part_names(name, new)
+    in_shared = 0
+    for n in range(24):
+        key = f"k-{n}"
+        in_shared += old_names[partition_of(key, old)] in new_names
+        match = f"has {new} partitions now; open it with partitions={new}"
+        with pytest.raises(StoreError, match=match):
+            await producer.add(task, when=later(), key=key)()
+    assert (in_shared > 0) == (old > 1 and new > 1)
+    for n in range(24):  # (the new count adds to every partition, shared or not)
+        await changed.add(task, when=later(), key=f"after-{n}")()
+        assert await changed.get_execution(f"after-{n}") is not None
+    assert await changed.adapter.pending() == 24
+    await changed.clear()
     # changed back: the old layout takes tasks again, the new one is closed
-    async with Docket(name=name, url=docket_url, partitions=old) as back:
-        back.register(task)
-        await producer.add(task, when=later(), key="again")()
-        assert await back.adapter.pending() == 1
-        assert await back.get_execution("again") is not None
+    back = await make_docket(name, partitions=old)
+    back.register(task)
+    for n in range(12):
+        await producer.add(task, when=later(), key=f"again-{n}")()
+        assert await back.get_execution(f"again-{n}") is not None
+    assert await back.adapter.pending() == 12
+    with pytest.raises(StoreError, match=f"has {old} partitions now"):
+        await changed.add(task, when=later(), key="late")()
 
 
 async def test_a_refused_change_leaves_the_old_layout_open(
@@ -100,9 +110,11 @@ async def test_a_change_that_died_after_closing_heals_when_its_lease_runs_out(
     await anyio.sleep(0.45)
     await producer.add(task, when=later(), key="taken")()
     assert await store.pending() == 1
-    # a change that comes back after its lease ran out finds the task in
+    # a change that comes back after its lease ran out finds the task in,
+    # and seals it all the same (no more come in)
     assert not await store.close_partition("seal", 3, 1, 30.0, time.time())
-    await producer.add(task, when=later(), key="still")()  # (not sealed)
+    with pytest.raises(StoreError, match="has 3 partitions now"):
+        await producer.add(task, when=later(), key="refused")()
 
 
 async def test_the_next_opener_of_the_recorded_count_removes_a_left_seal(
@@ -124,7 +136,8 @@ async def test_the_next_opener_of_the_recorded_count_removes_a_left_seal(
         pass
     await producer.add(task, when=later(), key="taken")()
     assert await store.pending() == 1
-    assert not await store.close_partition("unseal", 0, 0, 30.0, time.time())  # (none left)
+    # (the seal is 1's now: no other left to give to 1)
+    assert not await store.close_partition("unseal", 1, 0, 30.0, time.time())
 
 
 async def test_an_opener_keeps_the_seal_of_a_change_after_its_look(
@@ -142,11 +155,13 @@ async def test_an_opener_keeps_the_seal_of_a_change_after_its_look(
     with pytest.raises(StoreError, match="has 3 partitions now"):
         await producer.add(task, when=later(), key="refused")()
     assert await store.close_partition("seal", 2, 1, 30.0, time.time())  # (sealed already)
-    assert await store.close_partition("close", 2, 0, 30.0, time.time())  # (the seal stays)
-    assert not await store.close_partition("undo", 2, 0, 30.0, time.time())
-    with pytest.raises(StoreError, match="has 3 partitions now"):
+    assert await store.close_partition("close", 2, 0, 30.0, time.time())
+    with pytest.raises(StoreError, match="while the docket changes to 2 partitions"):
         await producer.add(task, when=later(), key="refused")()
-    assert await store.close_partition("unseal", 0, 1, 30.0, time.time())
+    assert await store.close_partition("undo", 2, 0, 30.0, time.time())
+    with pytest.raises(StoreError, match="has 3 partitions now"):  # (the seal stays)
+        await producer.add(task, when=later(), key="refused")()
+    assert await store.close_partition("unseal", 1, 1, 30.0, time.time())
     await producer.add(task, when=later(), key="taken")()
 
 
@@ -177,6 +192,10 @@ async def test_the_close_script_checks_its_inputs(make_docket: MakeDocket) -> No
         with pytest.raises(StoreError, match="close takes close, undo, seal or unseal"):
             await store.run_calls([store.layout.call("close", *bad)])
     assert await store.close_partition("unseal", 0, 0, 1.0, time.time()) is False
+    for count in ("", "x"):  # (an add names its producer's partition count)
+        call = store.layout.remembered_call("schedule", None, b"", count)
+        with pytest.raises(StoreError, match="an add names the partition count"):
+            await store.run_calls([call])
 
 
 def two_only() -> tuple[str, str]:

@@ -320,9 +320,11 @@ def test_consecutive_schedules_and_finishes_share_calls_in_order() -> None:
         ("schedule", 1),
     ]
     # each call carries its memo header (empty: a producer does not resend),
-    # then its effects' fields, packed into one argument, in order
-    (header, packed) = calls[0][0].args[2:]
-    assert header == b""
+    # then its effects' fields, packed into one argument, in order, then the
+    # partition count of its layout (an add names it: ``refuse_closed``)
+    (header, packed, count) = calls[0][0].args[2:]
+    assert header == b"" and count == b"1"
+    assert calls_for(Layout("orders|0.1", 3), effects)[0][0].args[4] == b"3"
     assert isinstance(packed, bytes)
     fields = unpack_batch(packed)
     assert (fields[:3], fields[12:15]) == ([b"a", b"f", b""], [b"b", b"f", b""])
@@ -354,9 +356,10 @@ def test_a_batched_call_carries_fixed_fields_an_effect_the_last_its_request_numb
     script, fields_of = BATCHED[type(effects[0])]
     ((call, covered),) = calls_for(LAYOUT, effects)
     assert (call.name, covered, call.layout) == (script, len(effects), where)
-    header, packed = call.args[2:]
+    header, packed, *count = call.args[2:]
     assert header == b""
     assert isinstance(packed, bytes)
+    assert count == ([b"1"] if script == "schedule" else [])  # (an add names its layout's)
     # the hot batches take the faster form (unpack_batch in the scripts)
     fast = script in ("finish", "schedule")
     fields = unpack_batch(packed) if fast else unpack_fields(packed)

@@ -48,9 +48,7 @@ def test_state_events_are_typed() -> None:
     event = parse_event(
         b'{"type": "state", "state": "failed", "completed_at": 2, "error": "E: x", "key": "k"}'
     )
-    assert event == StateEvent(
-        key="k", state=ExecutionState.FAILED, completed_at=2, error="E: x"
-    )
+    assert event == StateEvent(key="k", state=ExecutionState.FAILED, completed_at=2, error="E: x")
     progress = parse_event(b'{"type": "progress", "current": 1, "total": 4, "key": "k"}')
     assert progress == ProgressEvent(key="k", current=1, total=4)
     assert isinstance(progress, ProgressEvent)

@@ -135,9 +135,7 @@ def test_a_malformed_entry_is_buried_with_its_reason_and_never_claimed() -> None
     machine.receive(Tick(now=0.0))
     machine.effects()
     entry = MalformedEntry(delivery_id="bad", reason="no g", key="k", generation=None)
-    machine.receive(
-        ReadDone(arrivals=(arrival("d1"),), next_due=None, now=1.0, malformed=(entry,))
-    )
+    machine.receive(ReadDone(arrivals=(arrival("d1"),), next_due=None, now=1.0, malformed=(entry,)))
     effects = machine.effects()
     (bury,) = of_type(effects, BuryMalformed)
     (claim,) = of_type(effects, Claim)

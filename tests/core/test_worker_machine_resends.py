@@ -66,9 +66,7 @@ def test_the_floor_rises_once_replies_arrive() -> None:
     (first,) = deliver(machine, arrival("d1"), now=0.0)
     assert isinstance(first, Claim) and first.request is not None
     assert first.request.floor == 1
-    machine.store_replied(
-        [first], [Claimed(verdicts=(("d1", ClaimVerdict.SUPERSEDED),))], 0.0
-    )
+    machine.store_replied([first], [Claimed(verdicts=(("d1", ClaimVerdict.SUPERSEDED),))], 0.0)
     (second,) = deliver(machine, arrival("d2"), now=0.0)
     assert isinstance(second, Claim) and second.request is not None
     assert (second.request.seq, second.request.floor) == (2, 2)

@@ -11,9 +11,13 @@ The invariants:
 - no task is stranded silently: a partition outside the recorded layout
   that holds a task is one a seal is still owed on (the count that left is
   recorded), or one a seal reported (``Strays``);
+- a task in a partition of the recorded layout is one its key routes there
+  under the recorded count (so ``cancel`` and ``get_execution`` find it),
+  unless a close lease ran out while a change was under way (an opener
+  stalled past it);
 - a producer of the recorded count is refused only by a lease of a change
-  under way, or by a seal whose change was undone since (a fresh opener
-  removes it);
+  under way, or by a seal of another count whose change was undone since (a
+  fresh opener gives it to the recorded count);
 - once every opener is gone and the lease ran out, one opener of the
   recorded count settles everything: no seal owed, and every partition of
   the recorded layout takes tasks.
@@ -58,6 +62,8 @@ class LayoutChanges(RuleBasedStateMachine):
         self.held: dict[str, set[str]] = {}
         #: partitions a seal reported tasks in
         self.reported: set[str] = set()
+        #: a close lease ran out while a change was under way
+        self.lapsed = False
         self.serial = itertools.count()
 
     def teardown(self) -> None:
@@ -86,7 +92,7 @@ class LayoutChanges(RuleBasedStateMachine):
 
     @rule(count=st.sampled_from(COUNTS))
     def open_a_docket(self, count: int) -> None:
-        self.changes.append(LayoutChange(NAME, count))
+        self.changes.append(LayoutChange(NAME, count, owner=f"o{next(self.serial)}"))
 
     @precondition(lambda self: self.changes)
     @rule(which=st.integers(0, 10), steps=st.integers(1, 4))
@@ -107,6 +113,11 @@ class LayoutChanges(RuleBasedStateMachine):
 
     @rule(seconds=st.sampled_from([0.5, 5.0, CLOSE_LEASE + 1]))
     def time_passes(self, seconds: float) -> None:
+        if seconds > CLOSE_LEASE:
+            _, leaving = self.recorded
+            names = {n for count in COUNTS for n in layout_names(NAME, count)}
+            if leaving is not None or any(self.store(n).shelf.leases(self.now) for n in names):
+                self.lapsed = True
         self.now += seconds
 
     @rule(data=st.data())
@@ -129,7 +140,8 @@ class LayoutChanges(RuleBasedStateMachine):
                 now=self.now,
             )
             try:
-                run(self.store(target).execute([effect]))
+                producer = MemoryStore(name=target, location=self.location, partitions=count)
+                run(producer.execute([effect]))
             except StoreError as error:
                 self.check_refusal(count, target, str(error))
                 continue
@@ -137,13 +149,13 @@ class LayoutChanges(RuleBasedStateMachine):
 
     def check_refusal(self, count: int, target: str, error: str) -> None:
         """A producer of the recorded count is refused only by a change under
-        way (a lease), or a seal of a change undone since."""
+        way (a lease), or a seal of another count of a change undone since."""
         recorded, _ = self.recorded
         if count != recorded or "changes to" in error:
             return
-        closed = self.store(target).shelf.closed
-        assert closed is not None and closed[0] == "sealed", error
-        assert closed[1] != recorded, f"{target} sealed for the count recorded: {error}"
+        sealed = self.store(target).shelf.sealed
+        assert sealed is not None, error
+        assert sealed[0] != recorded, f"{target} sealed for the count recorded: {error}"
 
     @rule(count=st.sampled_from(COUNTS))
     def a_worker_heartbeats(self, count: int) -> None:
@@ -164,7 +176,7 @@ class LayoutChanges(RuleBasedStateMachine):
         self.changes.clear()
         self.now += CLOSE_LEASE + 1
         recorded, _ = self.recorded
-        change = LayoutChange(NAME, recorded)
+        change = LayoutChange(NAME, recorded, owner="last")
         for _ in range(20):
             if change.done:
                 break
@@ -172,9 +184,10 @@ class LayoutChanges(RuleBasedStateMachine):
         assert change.done and change.refusal is None
         assert self.recorded == (recorded, None)
         for name in layout_names(NAME, recorded):
-            closed = self.store(name).shelf.closed
-            open_now = closed is None or (closed[0] == "lease" and closed[2] <= self.now)
-            assert open_now, f"{name} of the recorded layout is closed: {closed}"
+            shelf = self.store(name).shelf
+            leases, sealed = shelf.leases(self.now), shelf.sealed
+            assert not leases, f"{name} is closing: {leases}"
+            assert sealed is None or sealed[0] == recorded, f"{name} is sealed: {sealed}"
 
     # -- invariants --------------------------------------------------------------
 
@@ -189,6 +202,19 @@ class LayoutChanges(RuleBasedStateMachine):
                 assert name in owed or name in self.reported, (
                     f"{sorted(keys)} in {name}: outside the {recorded}-partition layout, "
                     f"no seal owed ({leaving}) and none reported"
+                )
+
+    @invariant()
+    def a_key_is_where_the_recorded_count_looks(self) -> None:
+        if self.lapsed:
+            return
+        recorded, _ = self.recorded
+        names = layout_names(NAME, recorded)
+        for name in names:
+            for key in self.held.get(name, ()):
+                assert names[partition_of(key, recorded)] == name, (
+                    f"{key} in {name}: the {recorded}-partition layout looks for it in "
+                    f"{names[partition_of(key, recorded)]}"
                 )
 
 

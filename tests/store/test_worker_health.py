@@ -174,9 +174,7 @@ async def test_a_worker_holds_the_stop_signals_only_while_it_runs(
     previous = {signum: signal.signal(signum, host_handler) for signum in stop_signals}
     try:
         before = {signum: signal.getsignal(signum) for signum in stop_signals}
-        worker = make_worker(
-            docket, handle_signals=handle_signals, schedule_automatic_tasks=False
-        )
+        worker = make_worker(docket, handle_signals=handle_signals, schedule_automatic_tasks=False)
         with anyio.fail_after(10):
             async with anyio.create_task_group() as group:
                 group.start_soon(worker.run_forever)
