@@ -38,9 +38,13 @@ sub-namespaces, so no task key can collide with an internal key):
 ``P:leaving``           string  the count a change of it left, until that
                                 count's partitions are sealed (``layout.lua``)
 ``P:epoch``             string  how many times the count changed
-``P:closed``            string  ``lease:<n>`` (expiring) or ``sealed:<n>:<e>``: this
-                                partition takes no new task, the docket's count
-                                changes or changed to n (``close.lua``)
+``P:closing``           set     ``<n>:<owner>``, the leases of the changes of the
+                                docket's count to n under way (expiring): this
+                                partition takes no new task (``close.lua``)
+``P:closed``            string  ``sealed:<n>:<e>``: the docket's count changed to
+                                n (its e-th change): this partition takes only
+                                the adds of count n (``close.lua``; an older
+                                store's ``lease:<n>``, expiring, takes none)
 ``P:fence``             (none)  never written: every call declares it beside
                                 ``P:q``, so none runs while the slot moves
 ``P:events:<key>``      pubsub  state and progress events of a task key

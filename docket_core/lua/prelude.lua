@@ -134,6 +134,8 @@ local function refuse_closed(count)
   if not string.match(count or '', '^%d+$') then
     error('docket: an add names the partition count of its producer')
   end
+  -- (one command when neither is there: every add pays for this)
+  if redis.call('EXISTS', P .. ':closing', P .. ':closed') == 0 then return end
   local state, to = 'lease', nil
   local lease = redis.call('SRANDMEMBER', P .. ':closing')
   if lease then
