@@ -156,29 +156,34 @@ class StorageAdapter(Protocol):
         is opened and closed like any store, and closing it leaves the shared
         client open (the store it came from owns it)."""
 
-    async def record_partitions(self, expected: int, new: int) -> CountRecorded:
+    async def record_partitions(
+        self, expected: int, new: int, epoch: int | None = None
+    ) -> CountRecorded:
         """Atomically: if the docket's recorded partition count
         (``{name}:partitions`` on the servers; absent means 1) is
-        ``expected`` and no count that left awaits its seal
-        (``{name}:leaving``), record ``new`` (recording 1 removes the
+        ``expected``, no count that left awaits its seal
+        (``{name}:leaving``) and, when given, the count changed ``epoch``
+        times (``{name}:epoch``: a count that went away and came back is
+        not the one read), record ``new`` (recording 1 removes the
         record) and, when ``new`` differs, record ``expected`` as leaving.
         Returns the count and the leaving count recorded before, so a count
         equal to ``expected`` with no leaving count means ``new`` is
         recorded.  Both counts are at least 1
         (``sansio.layout_change``)."""
 
-    async def forget_leaving(self, old: int) -> None:
+    async def forget_leaving(self, old: int, epoch: int | None = None) -> None:
         """Forget the leaving count if it is ``old`` (its partitions are
-        sealed)."""
+        sealed) and, when given, the count changed ``epoch`` times (a late
+        forget leaves a later change's leaving count alone)."""
 
     async def close_partition(
         self, op: ClosingStep, count: int, epoch: int, lease: float, now: float, owner: str = ""
     ) -> bool:
         """One step on this store's docket as one partition of a layout that
         a change of the partition count to ``count`` leaves, or keeps
-        (atomically; a closed partition refuses new tasks and dead-letter
-        replays from the stores of any other count with an error naming
-        ``count``; ``sansio.layout_change``):
+        (atomically; a partition closed under a lease refuses every new task
+        and dead-letter replay, a sealed one those of the stores of any other
+        count, with an error naming ``count``; ``sansio.layout_change``):
 
         - ``"close"``: close it to every add for ``lease`` seconds, under a
           lease of ``owner`` (the change's id; other changes' leases stay),

@@ -95,7 +95,7 @@ async def perform(home: StorageAdapter, step: Step, now: float) -> Answer:
     """Carry out one step of a ``LayoutChange`` through ``home`` (the open
     store named after the docket, and its siblings); its answer."""
     if isinstance(step, AskCount):
-        return await home.record_partitions(step.expected, step.new)
+        return await home.record_partitions(step.expected, step.new, step.epoch)
     if isinstance(step, StepPartitions):
 
         async def one(store: StorageAdapter) -> bool:
@@ -104,7 +104,7 @@ async def perform(home: StorageAdapter, step: Step, now: float) -> Answer:
             )
 
         return PartitionsStepped(results=tuple(await _on_each(home, step.names, one)))
-    await home.forget_leaving(step.old)
+    await home.forget_leaving(step.old, step.epoch)
     return LeavingForgotten()
 
 

@@ -123,12 +123,14 @@ class PartitionedStore:
         """An ordinary store of docket ``name`` beside ``home``."""
         return self.home.sibling(name, partitions)
 
-    async def record_partitions(self, expected: int, new: int) -> CountRecorded:
+    async def record_partitions(
+        self, expected: int, new: int, epoch: int | None = None
+    ) -> CountRecorded:
         """The docket's recorded partition count (in ``home``)."""
-        return await self.home.record_partitions(expected, new)
+        return await self.home.record_partitions(expected, new, epoch)
 
-    async def forget_leaving(self, old: int) -> None:
-        await self.home.forget_leaving(old)
+    async def forget_leaving(self, old: int, epoch: int | None = None) -> None:
+        await self.home.forget_leaving(old, epoch)
 
     async def close_partition(
         self, op: ClosingStep, count: int, epoch: int, lease: float, now: float, owner: str = ""

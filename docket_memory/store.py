@@ -7,6 +7,7 @@ with the same ``memory://`` URL and name in one process share one ``Shelf``.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -81,6 +82,9 @@ def shelf_for(location: str, name: str) -> Shelf:
     return shelf
 
 
+#: a close lease's owner, as close.lua takes it
+_OWNER = re.compile(r"[A-Za-z0-9-]*")
+
 class MemoryStore:
     """A ``StorageAdapter`` over an in-process ``Shelf``."""
 
@@ -112,26 +116,34 @@ class MemoryStore:
         shelf of its own: the location it was given, ``""`` by default)."""
         return MemoryStore(name=name, location=self.location, partitions=partitions)
 
-    async def record_partitions(self, expected: int, new: int) -> CountRecorded:
-        if expected < 1 or new < 1:
+    async def record_partitions(
+        self, expected: int, new: int, epoch: int | None = None
+    ) -> CountRecorded:
+        if expected < 1 or new < 1 or (epoch is not None and epoch < 0):
             raise ValueError(f"partition counts are at least 1, not {expected} and {new}")
         shelf = self.shelf
         recorded = CountRecorded(count=shelf.partitions, leaving=shelf.leaving, epoch=shelf.epoch)
-        if recorded.count == expected and recorded.leaving is None and expected != new:
+        now_at = epoch is None or epoch == shelf.epoch
+        if recorded.count == expected and recorded.leaving is None and expected != new and now_at:
             shelf.partitions, shelf.leaving = new, expected
             shelf.epoch += 1
         return recorded
 
-    async def forget_leaving(self, old: int) -> None:
-        if old < 1:
+    async def forget_leaving(self, old: int, epoch: int | None = None) -> None:
+        if old < 1 or (epoch is not None and epoch < 0):
             raise ValueError(f"partition counts are at least 1, not {old}")
-        if self.shelf.leaving == old:
+        if self.shelf.leaving == old and (epoch is None or epoch == self.shelf.epoch):
             self.shelf.leaving = None
 
     async def close_partition(
         self, op: ClosingStep, count: int, epoch: int, lease: float, now: float, owner: str = ""
     ) -> bool:
-        if op not in ("close", "undo", "seal", "unseal") or count < 0 or epoch < 0:
+        if (
+            op not in ("close", "undo", "seal", "unseal")
+            or count < 0
+            or epoch < 0
+            or not _OWNER.fullmatch(owner)
+        ):
             raise ValueError(f"not a closing step: {op!r} with count {count}, epoch {epoch}")
         shelf = self.shelf
         leases, mine = shelf.leases(now), (count, owner)

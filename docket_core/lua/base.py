@@ -355,32 +355,36 @@ class ScriptedStore(abc.ABC):
         reply = await self._look("inspect", "pending", "0")
         return parse_count(reply, "a pending count")
 
-    async def record_partitions(self, expected: int, new: int) -> CountRecorded:
-        if expected < 1 or new < 1:
+    async def record_partitions(
+        self, expected: int, new: int, epoch: int | None = None
+    ) -> CountRecorded:
+        if expected < 1 or new < 1 or (epoch is not None and epoch < 0):
             raise ValueError(f"partition counts are at least 1, not {expected} and {new}")
         # (the check a Docket makes on entering, the same count expected and
         # recorded, writes nothing)
+        at = () if epoch is None else (str(epoch),)
         call = self.layout.call(
-            "layout", "record", str(expected), str(new), durable=expected != new
+            "layout", "record", str(expected), str(new), *at, durable=expected != new
         )
         (reply,) = await self.run_calls([call])
         return parse_layout(reply)
 
-    async def forget_leaving(self, old: int) -> None:
-        if old < 1:
+    async def forget_leaving(self, old: int, epoch: int | None = None) -> None:
+        if old < 1 or (epoch is not None and epoch < 0):
             raise ValueError(f"partition counts are at least 1, not {old}")
         # (a forget that a failover loses only makes the next opener seal
         # again: not durable)
-        await self.run_calls([self.layout.call("layout", "forget", str(old), durable=False)])
+        at = () if epoch is None else (str(epoch),)
+        await self.run_calls([self.layout.call("layout", "forget", str(old), *at, durable=False)])
 
     async def close_partition(
         self, op: ClosingStep, count: int, epoch: int, lease: float, now: float, owner: str = ""
     ) -> bool:
         # (the lease runs on the server's clock: ``now`` is the memory store's)
-        # the ``unseal`` a Docket makes on entering is not durable: it removes
-        # a seal only where a change away was undone since, and a seal a
-        # failover brings back only refuses adds, with its error, until the
-        # next opener removes it again (no task is lost)
+        # the ``unseal`` a Docket makes on entering is not durable: it gives
+        # a seal to its count only where a change away was undone since, and
+        # a seal a failover brings back only refuses adds, with its error,
+        # until the next opener gives it again (no task is lost)
         call = self.layout.call(
             "close",
             op,

@@ -130,10 +130,13 @@ end
 -- recorded and the partition sealed.  P:closed names the count it went to
 -- ('sealed:<count>:<epoch>'): only its producers add (`count`: the
 -- producer's, as a string).  (An older store kept 'lease:<count>' there.)
-local function refuse_closed(count)
+local function check_count(count)
   if not string.match(count or '', '^%d+$') then
     error('docket: an add names the partition count of its producer')
   end
+end
+local function refuse_closed(count)
+  check_count(count)
   -- (one command when neither is there: every add pays for this)
   if redis.call('EXISTS', P .. ':closing', P .. ':closed') == 0 then return end
   local state, to = 'lease', nil

@@ -10,7 +10,8 @@
 -- cancelled).  The consecutive schedules of a flush (or a batch of adds) go
 -- in one call.  Returns one {accepted, generation,
 -- state} per message; a resend answers its first outcome and does nothing.
--- A partition closed by a change of the partition count refuses the call.
+-- A partition closed by a change of the partition count refuses the call,
+-- unless every message of it is a resend that was stored.
 -- the soonest due time before the first future message of this call, if any
 local before = false
 local replies = {}
@@ -65,11 +66,19 @@ local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect,
   return {1, tostring(gen), 'scheduled'}
 end
 local items = unpack_batch(ARGV[4], 12)
-refuse_closed(ARGV[5])
+check_count(ARGV[5])
 open_memo(ARGV[3])
 local seqs = {}
 for i, item in ipairs(items) do seqs[i] = item[12] end
 local firsts = recall_all(seqs)
+-- a resend answers what already ran; a message not yet stored is refused
+-- (the whole call, before any of its writes) by a closed partition
+for _, seq in ipairs(seqs) do
+  if firsts[seq] == nil then
+    refuse_closed(ARGV[5])
+    break
+  end
+end
 for i, f in ipairs(items) do
   local seq = f[12]
   local first = firsts[seq]

@@ -5,27 +5,30 @@ Theory of operation
 -------------------
 The home store records the count a docket's producers and workers use
 (absent: 1), and, after a change, the count that left (``leaving``) until
-that count's partitions are sealed.  Every add names its producer's count,
+that count's partitions are sealed. Every add names its producer's count,
 and a partition a change closed takes adds of one count only: a producer
 still open with an old count would add where no worker of the new count
 reads, or, in a partition both layouts share (their tags can be the same),
 where a worker reads it but the new count's lookups by key (``cancel``,
-``get_execution``, a duplicate key) do not look.  So a change from the
+``get_execution``, a duplicate key) do not look. So a change from the
 recorded count R to N first *closes* all of R's partitions to every add
-(each atomically, only if it holds no task, under a lease of
-``CLOSE_LEASE`` seconds that carries the change's ``owner``: another
-change's undo removes only its own lease, and a seal stays under them, so
-a change that gives up never opens what another change closed or sealed;
-closed, a partition refuses adds with an error naming N), then records N
-by compare-and-set (which also records ``leaving = R``, and fails while an
-earlier change's seal is pending), *seals* R's partitions for N (for good,
-every lease removed: the ones N has not take nothing, the shared ones N's
-adds only; a change still under way loses its compare-and-set) and
-forgets ``leaving``.  Each change counts one more ``epoch``, and its seals
-carry it.  Last, any opener of the recorded count gives the seals of other
-counts its own layout carries, from its epoch or before (a change away that
-was undone since), to its count; a seal of a change away that ran after it
-read the count is later, so it stays.
+(each atomically, only if it holds no task, under a lease of ``CLOSE_LEASE``
+seconds that carries the change's ``owner``: another change's undo removes
+only its own lease, and a seal stays under them, so a change that gives up
+never opens what another change closed or sealed; closed, a partition
+refuses adds with an error naming N), then records N by compare-and-set (of
+the count and the ``epoch`` it read: a count that went away and came back
+since is not the one it closed; it also records ``leaving = R``, and fails
+while an earlier change's seal is pending), *seals* R's partitions for N
+(for good, every lease removed: the ones N has not take nothing, the shared
+ones N's adds only; a change still under way loses its compare-and-set, the
+epoch having moved) and forgets ``leaving`` (if the epoch is still its
+change's: a late forget leaves a later change's ``leaving``). Each change
+counts one more ``epoch``, and its seals carry it. Last, any opener of the
+recorded count gives the seals of other counts its own layout carries, from
+its epoch or before (a change away that was undone since), to its count; a
+seal of a change away that ran after it read the count is later, so it
+stays.
 
 Crashes: every step is one atomic call, and an opener may die between any
 two.  Before the compare-and-set, R stays recorded and its closed
@@ -71,11 +74,13 @@ def layout_names(name: str, partitions: int) -> tuple[str, ...]:
 
 @attrs.frozen(slots=True, kw_only=True)
 class AskCount:
-    """``StorageAdapter.record_partitions(expected, new)``: the recorded count
-    (set to ``new`` when it is ``expected`` and no seal is owed)."""
+    """``StorageAdapter.record_partitions(expected, new, epoch)``: the
+    recorded count (set to ``new`` when it is ``expected``, no seal is owed
+    and, given, the count changed ``epoch`` times)."""
 
     expected: int
     new: int
+    epoch: int | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -92,9 +97,11 @@ class StepPartitions:
 
 @attrs.frozen(slots=True, kw_only=True)
 class ForgetLeaving:
-    """``StorageAdapter.forget_leaving(old)``: ``old``'s partitions are sealed."""
+    """``StorageAdapter.forget_leaving(old, epoch)``: ``old``'s partitions
+    are sealed (by the change that made the count's ``epoch``th change)."""
 
     old: int
+    epoch: int | None = None
 
 
 Step = AskCount | StepPartitions | ForgetLeaving
@@ -147,7 +154,7 @@ class Stage(Symbol):
     SEALING_LEFT = "sealing_left"
     #: forgetting the count that left, its partitions sealed
     FORGETTING = "forgetting"
-    #: the recorded count is ours: removing the seals of changes away from
+    #: the recorded count is ours: giving it the seals of changes away from
     #: it, undone since (those of its epoch or before)
     OPENING = "opening"
     #: closing the recorded layout's partitions to any count but ours
@@ -307,7 +314,7 @@ class LayoutChange:
     def _count(self, stage: Stage, answer: CountRecorded) -> Outcome:
         count, leaving = answer.count, answer.leaving
         if stage is Stage.RECORDING:
-            if count == self._recorded and leaving is None:
+            if count == self._recorded and leaving is None and answer.epoch == self._epoch:
                 # (the store recorded our count, with ``_recorded`` leaving:
                 # the change's epoch is the next one)
                 self._sealing = (self._recorded, self.partitions, answer.epoch + 1)
@@ -333,14 +340,14 @@ class LayoutChange:
         if stage is Stage.CHECKING:
             step = AskCount(expected=n, new=n)
         elif stage is Stage.RECORDING:
-            step = AskCount(expected=self._recorded, new=n)
+            step = AskCount(expected=self._recorded, new=n, epoch=self._epoch)
         elif stage is Stage.SEALING_LEFT or stage is Stage.FINISH_SEALING:
             old, new, epoch = self._sealing
             step = StepPartitions(
                 names=self._names(old), op="seal", count=new, epoch=epoch, owner=self.owner
             )
         elif stage is Stage.FORGETTING or stage is Stage.FINISH_FORGETTING:
-            step = ForgetLeaving(old=self._sealing[0])
+            step = ForgetLeaving(old=self._sealing[0], epoch=self._sealing[2])
         elif stage is Stage.OPENING:
             step = StepPartitions(names=self._names(n), op="unseal", count=n, epoch=self._epoch)
         elif stage is Stage.CLOSING:

@@ -12,16 +12,21 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import anyio
+import attrs
 import pytest
 
 from docket_core import Docket
 from docket_core.lua.base import ScriptedStore
 from docket_core.partition_parts import part_names
-from docket_core.sansio.effects import Heartbeat
+from docket_core.sansio.decisions import plan_add
+from docket_core.sansio.effects import Heartbeat, Request
 from docket_core.sansio.errors import StoreError, UsageError
+from docket_core.sansio.layout_change import CountRecorded
 from docket_core.sansio.partitions import partition_of
+from docket_core.sansio.values import ScheduleMode
 
 pytestmark = pytest.mark.anyio
 
@@ -262,3 +267,52 @@ async def test_a_partitioned_worker_seals_at_its_heartbeat_what_a_dead_change_le
         await two.add(task, when=later(), key=key)()
     for n in range(12):
         await three.add(task, when=later(), key=f"three-{n}")()
+
+
+async def test_a_compare_and_set_and_a_forget_name_the_epoch_they_read(
+    make_docket: MakeDocket,
+) -> None:
+    """A change records its count only at the epoch it read (a count that
+    went away and came back is not the one it closed), and forgets a
+    leaving count only at its own change's epoch."""
+    store = (await make_docket()).adapter
+    assert await store.record_partitions(1, 2, 0) == CountRecorded(count=1, epoch=0)
+    assert await store.record_partitions(2, 2) == CountRecorded(count=2, leaving=1, epoch=1)
+    await store.forget_leaving(1, 0)  # (a late forget, of epoch 0: kept)
+    assert (await store.record_partitions(2, 2)).leaving == 1
+    await store.forget_leaving(1, 1)
+    assert (await store.record_partitions(2, 2)).leaving is None
+    await store.record_partitions(2, 1, 1)
+    await store.forget_leaving(2, 2)
+    # 1 again, at epoch 2: a change that read 1 at epoch 0 records nothing
+    assert await store.record_partitions(1, 3, 0) == CountRecorded(count=1, epoch=2)
+    assert await store.record_partitions(1, 1) == CountRecorded(count=1, epoch=2)
+    if isinstance(store, ScriptedStore):  # (the script checks the epoch it is given)
+        for bad in (("record", "1", "3", "x"), ("forget", "1", "-1")):
+            with pytest.raises(StoreError, match="layout takes record"):
+                await store.run_calls([store.layout.call("layout", *bad)])
+
+
+async def test_a_resend_of_a_stored_add_is_answered_after_its_partition_closed(
+    make_docket: MakeDocket,
+) -> None:
+    """An add whose reply was lost is answered with its first outcome when
+    it comes again, though a change closed its partition meanwhile (the
+    memory store and the scripts alike); a new add is refused."""
+    store = (await make_docket()).adapter
+    now = time.time()
+    origin = f"p#{uuid.uuid4().hex}"
+
+    def add(key: str, seq: int) -> Any:
+        planned = plan_add(
+            key=key, function="f", payload=b"", when=now + 600, mode=ScheduleMode.ADD, now=now
+        )
+        request = Request(origin=origin, worker="", seq=seq, floor=1, remember=600.0)
+        return attrs.evolve(planned, request=request)
+
+    (first,) = await store.execute([add("k", 1)])
+    # (it holds the task: a seal says so, and seals all the same)
+    assert not await store.close_partition("seal", 3, 1, 30.0, time.time())
+    assert await store.execute([attrs.evolve(add("k", 1), now=now + 1)]) == [first]
+    with pytest.raises(StoreError, match="has 3 partitions now"):
+        await store.execute([add("other", 2)])

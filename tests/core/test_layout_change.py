@@ -9,8 +9,9 @@ import uuid
 
 import pytest
 
-from docket_core.partition_parts import perform
+from docket_core.partition_parts import CLOSE_LEASE, perform
 from docket_core.sansio import layout_change
+from docket_core.sansio.decisions import plan_add
 from docket_core.sansio.errors import StoreError
 from docket_core.sansio.layout_change import (
     AskCount,
@@ -23,6 +24,8 @@ from docket_core.sansio.layout_change import (
     StepPartitions,
     layout_names,
 )
+from docket_core.sansio.partitions import partition_of
+from docket_core.sansio.values import ScheduleMode
 from docket_memory.simulate import drive as run
 from docket_memory.store import MemoryStore
 
@@ -43,11 +46,11 @@ def test_a_change_closes_records_seals_forgets_and_opens() -> None:
     change.receive(CountRecorded(count=1, epoch=2))
     assert change.step == StepPartitions(names=(NAME,), op="close", count=3)
     change.receive(PartitionsStepped(results=(True,)))
-    assert change.step == AskCount(expected=1, new=3)
+    assert change.step == AskCount(expected=1, new=3, epoch=2)  # (the epoch read)
     change.receive(CountRecorded(count=1, epoch=2))  # (won: 3 recorded, epoch 3)
     assert change.step == StepPartitions(names=(NAME,), op="seal", count=3, epoch=3)
     change.receive(PartitionsStepped(results=(True,)))
-    assert change.step == ForgetLeaving(old=1)
+    assert change.step == ForgetLeaving(old=1, epoch=3)
     change.receive(LeavingForgotten())
     assert change.step == AskCount(expected=3, new=3)
     change.receive(CountRecorded(count=3, epoch=3))
@@ -111,7 +114,7 @@ def test_a_seal_owed_is_paid_before_anything_else() -> None:
     change.receive(PartitionsStepped(results=(False,)))
     (strays,) = change.reports
     assert (strays.old, strays.new, strays.names) == (1, 3, (NAME,))
-    assert change.step == ForgetLeaving(old=1)
+    assert change.step == ForgetLeaving(old=1, epoch=7)
     change.receive(LeavingForgotten())
     assert change.step == AskCount(expected=2, new=2)  # (then the change to 2)
 
@@ -121,7 +124,7 @@ def test_a_finishing_run_seals_forgets_and_opens_without_changing_the_count() ->
     two = layout_names(NAME, 2)
     assert change.step == StepPartitions(names=two, op="seal", count=3, epoch=5)
     change.receive(PartitionsStepped(results=(True,) * len(two)))
-    assert change.step == ForgetLeaving(old=2)
+    assert change.step == ForgetLeaving(old=2, epoch=5)
     change.receive(LeavingForgotten())
     assert change.step == StepPartitions(names=layout_names(NAME, 3), op="unseal", count=3, epoch=5)
     change.receive(PartitionsStepped(results=(False,) * 3))
@@ -176,7 +179,7 @@ class Docket:
 
 
 def test_an_opener_that_looked_before_a_change_away_leaves_its_seals() -> None:
-    """A reads 2, B changes 2 -> 3 all the way, then A removes the seals of
+    """A reads 2, B changes 2 -> 3 all the way, then A gives 2 the seals of
     its layout: only those of changes at its epoch or before, so B's stay
     and a producer of 2 cannot add where no worker of 3 reads."""
     docket = Docket()
@@ -244,3 +247,71 @@ def test_a_change_that_backs_off_leaves_the_leases_of_another_change() -> None:
     docket.settle(c)  # (C: 3 recorded now, with no task: 3 -> 1)
     for name in layout_names(NAME, 3):
         assert docket.sealed(name) is not None and docket.sealed(name)[0] == 1  # type: ignore[index]
+
+
+def add_to(docket: Docket, name: str, count: int, index: int, avoid: str = "") -> str:
+    """A producer of ``count`` adds a key of partition ``index`` to ``name``
+    (one ``avoid``'s layout of 3 does not put there, when given); the key."""
+    key = next(
+        k
+        for k in (f"k{n}" for n in range(10_000))
+        if partition_of(k, count) == index
+        and (not avoid or layout_names(NAME, 3)[partition_of(k, 3)] != avoid)
+    )
+    producer = MemoryStore(name=name, location=docket.location, partitions=count)
+    add = plan_add(
+        key=key, function="f", payload=b"", when=docket.now, mode=ScheduleMode.ADD, now=docket.now
+    )
+    run(producer.execute([add]))
+    return key
+
+
+def test_a_change_whose_count_went_away_and_came_back_records_nothing() -> None:
+    """A (to 3) reads 2 and closes 2's partitions; B changes 2 -> 3 (its
+    seals remove A's leases), C changes 3 -> 2, and a producer of 2 adds to
+    a partition 2 and 3 share.  A's compare-and-set names the epoch it read:
+    it records nothing, and A is refused (2 holds a task) instead of putting
+    that key where 3 does not look (found by a review)."""
+    docket = Docket()
+    docket.settle(LayoutChange(NAME, 2, owner="first"))
+    a = LayoutChange(NAME, 3, owner="a")
+    docket.step(a, steps=2)  # (checked: 2 at epoch 1; closed)
+    assert a.stage is Stage.RECORDING
+    docket.settle(LayoutChange(NAME, 3, owner="b"))
+    docket.settle(LayoutChange(NAME, 2, owner="c"))
+    (shared,) = set(layout_names(NAME, 2)) & set(layout_names(NAME, 3))
+    add_to(docket, shared, 2, layout_names(NAME, 2).index(shared), avoid=shared)
+    while not a.done:
+        docket.step(a)
+    assert a.refusal is not None and "holds tasks in 2 partitions" in a.refusal
+    assert (docket.home.shelf.partitions, docket.home.shelf.leaving) == (2, None)
+
+
+def test_a_late_forget_leaves_the_leaving_count_of_a_later_change() -> None:
+    """A changes 2 -> 3 and stalls before its forget; B, C and D change the
+    count 3 -> 2 -> 1, D dying before its seal (2 leaving).  A's late
+    forget of 2 names its own epoch: D's seal stays owed, so the next opener
+    seals 2's partitions, and a task a producer of 2 put there once D's lease
+    ran out is reported, not stranded silently (found by a review)."""
+    docket = Docket()
+    docket.settle(LayoutChange(NAME, 2, owner="first"))
+    a = LayoutChange(NAME, 3, owner="a")
+    docket.step(a, steps=4)  # (checked, closed, recorded, sealed)
+    assert a.stage is Stage.FORGETTING
+    docket.settle(LayoutChange(NAME, 3, owner="b"))
+    docket.settle(LayoutChange(NAME, 2, owner="c"))
+    d = LayoutChange(NAME, 1, owner="d")
+    docket.step(d, steps=3)  # (checked, closed, recorded: dies)
+    docket.step(a)  # (A's forget of 2)
+    assert docket.home.shelf.leaving == 2
+    docket.now += CLOSE_LEASE + 1
+    name = layout_names(NAME, 2)[0]
+    add_to(docket, name, 2, 0)
+    e = LayoutChange(NAME, 1, owner="e")
+    reported = []
+    while not e.done:
+        docket.step(e)
+        reported += e.reports
+        e.reports.clear()
+    assert e.refusal is None
+    assert [r.names for r in reported] == [(name,)]
