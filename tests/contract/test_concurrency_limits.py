@@ -683,13 +683,15 @@ async def test_a_long_task_keeps_its_slot_past_the_redelivery_timeout(
     async def long(key: str = TaskKey(), limit: ConcurrencyLimit = ConcurrencyLimit(1)) -> None:
         started = time.monotonic()
         async with tracker.run("all", key):
-            await anyio.sleep(0.6 if key == "long" else 0.01)
+            await anyio.sleep(1.5 if key == "long" else 0.01)
         spans[key] = (started, time.monotonic())
 
     docket.register(long)
     await docket.add(long, key="long")()
     await docket.add(long, key="short")()
-    options: dict[str, Any] = {"redelivery_timeout": timedelta(milliseconds=200)}
+    # (renewals go every 125 ms: a lease lapses only if none gets through for
+    # 500 ms; with 200 ms, a loaded CI machine running the cluster lost one)
+    options: dict[str, Any] = {"redelivery_timeout": timedelta(milliseconds=500)}
     with anyio.fail_after(10):
         async with anyio.create_task_group() as group:
             group.start_soon(make_worker(docket, **options).run_until_finished)
