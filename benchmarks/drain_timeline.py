@@ -100,17 +100,20 @@ class Timeline:
 def watch(docket: Docket, timeline: Timeline) -> None:
     """Wrap the docket's store and the runner's start to mark ``timeline``."""
     adapter: Any = docket.adapter
-    execute, read = adapter.execute, adapter.read
+    read = adapter.read
 
-    async def timed_execute(effects: Sequence[StoreEffect]) -> Any:
-        sent = time.perf_counter()
-        timeline.effects(effects, "sent", sent)
-        try:
-            return await execute(effects)
-        finally:
-            answered = time.perf_counter()
-            timeline.batches.append((sent, answered, len(effects)))
-            timeline.effects(effects, "back", answered)
+    def timed(execute: Any) -> Any:
+        async def timed_execute(effects: Sequence[StoreEffect]) -> Any:
+            sent = time.perf_counter()
+            timeline.effects(effects, "sent", sent)
+            try:
+                return await execute(effects)
+            finally:
+                answered = time.perf_counter()
+                timeline.batches.append((sent, answered, len(effects)))
+                timeline.effects(effects, "back", answered)
+
+        return timed_execute
 
     async def timed_read(**options: Any) -> Any:
         result = await read(**options)
@@ -119,7 +122,9 @@ def watch(docket: Docket, timeline: Timeline) -> None:
             timeline.mark(delivery.delivery_id, "read back", back)
         return result
 
-    adapter.execute, adapter.read = timed_execute, timed_read
+    adapter.execute = timed(adapter.execute)
+    adapter.execute_in_order = timed(adapter.execute_in_order)
+    adapter.read = timed_read
 
 
 async def drain(url: str, args: argparse.Namespace, limited: bool) -> None:

@@ -140,6 +140,10 @@ class StorageAdapter(Protocol):
     #: beside its claim only then: a run handed over at the same time cannot
     #: make a change (a cancel of its own key) that reaches the store first
     sends_at_once: bool
+    #: whether ``execute_in_order`` keeps order: calls made while others are
+    #: out go out behind them, and the store runs and answers them in the
+    #: order they were made.  A worker then keeps two batches out at once
+    keeps_order: bool
 
     async def open(self) -> None:
         """Connect; called once by ``Docket.__aenter__``."""
@@ -218,6 +222,11 @@ class StorageAdapter(Protocol):
         memory: running them again renews to the later ``now``.  A store that
         fails raises ``StoreUnavailable`` (no reply: any effect may have run)
         or ``StoreError`` (refused); the worker machine decides what follows."""
+
+    async def execute_in_order(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
+        """``execute``, behind every ``execute_in_order`` call made before it
+        (``keeps_order``): a worker's batches, two of them out at once.  A
+        store that does not keep order carries it out as ``execute``."""
 
     async def read(
         self,

@@ -75,6 +75,8 @@ class PartitionedStore:
         self._reader: FairReader | None = None
         #: (``StorageAdapter.sends_at_once``): set on opening
         self.sends_at_once = False
+        #: (``StorageAdapter.keeps_order``: its pieces go to several stores)
+        self.keeps_order = False
 
     # -- the docket-wide store's settings -------------------------------------------
 
@@ -149,6 +151,9 @@ class PartitionedStore:
         self.parts = []
 
     # -- effects ---------------------------------------------------------------------
+
+    async def execute_in_order(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
+        return await self.execute(effects)
 
     async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
         """Each piece to its store (``sansio.partition_routes.route``): the

@@ -4,7 +4,13 @@ Four loops share one task group: the *reader* asks the store for deliveries
 while the machine has capacity; the *flusher* drains the machine's effects,
 hands all store effects of a round to the adapter in one call and feeds the
 outcomes back (an idle worker's pickup the reader flushes itself: its claim
-goes out at once, its next read after the start); the *timer* sleeps until
+goes out at once, its next read after the start).  Where the store keeps
+the order of a worker's batches (``StorageAdapter.keeps_order``), the
+machine lets two be out at once: the flusher sends a batch from a task of
+its own and goes on, so the next one (the claims of a read that came back)
+goes out behind it instead of after its reply; the batches go out, and
+their outcomes reach the machine, in the order the machine handed them out
+(``_send``); the *timer* sleeps until
 the machine's next deadline and ticks it; the *listener* turns cancellation
 signals into inputs; the *signal* loop turns SIGTERM and SIGINT into a drain
 (the second one into a stop without draining).  The worker keeps its
@@ -298,6 +304,7 @@ class Worker:
             until_finished=until_finished,
             reads=True,
             start_early=self.docket.adapter.sends_at_once,
+            batches_in_flight=2 if self.docket.adapter.keeps_order else 1,
         )
         worker_logs.log_startup(self.name, self.docket.tasks, self._log_extra)
         machine = self._machine = WorkerMachine(config, time.time())
@@ -311,6 +318,11 @@ class Worker:
         #: a flush runs, and the event its end sets if someone waits for it
         self._flushing = False
         self._flushed: anyio.Event | None = None
+        #: the batches handed to the store, those of them on the wire, and
+        #: those whose outcomes the machine has: a batch goes out, and is
+        #: answered, in its turn (``_send``); the event wakes who waits for one
+        self._batches = self._written = self._answered = 0
+        self._turned: anyio.Event | None = None
         #: the deadline the timer sleeps until
         self._armed_at = math.inf
         self._read_ready = anyio.Event()
@@ -507,7 +519,10 @@ class Worker:
     async def _flush(self, rounds: int | None = None) -> None:
         """Carry out the machine's effects until it has none (or for
         ``rounds`` rounds), a round's store effects in one call; one flush at
-        a time (it sends one batch at a time)."""
+        a time.  A batch goes out from a task of its own (``_send``) where the
+        machine may have two out, unless it holds the claim of runs that
+        start with it, or the reader flushes its pickup: the flush then waits
+        for its reply."""
         machine = self._machine
         assert machine is not None
         self._flushing = True
@@ -527,8 +542,27 @@ class Worker:
                         kind = type(effect)
                         read_handed = read_handed or kind is Read
                         starts = starts or kind is StartTask
+                if store and self._written < self._batches:
+                    # a batch handed out before is not on the wire yet: this
+                    # one goes after it, and no run of this one starts first
+                    while self._written < self._batches:
+                        await self._turn()
+                for effect in effects:
+                    if not isinstance(effect, StoreEffect):
                         self._run_effect(effect)
                 if store:
+                    batch = self._batches
+                    self._batches += 1
+                    if rounds is None and not starts and machine.config.batches_in_flight > 1:
+                        # (the store keeps the order of this worker's
+                        # batches: this one goes out beside the one out,
+                        # and the flusher goes on; not a batch that holds the
+                        # claim of runs that start with it, which goes out
+                        # before they get a turn, below)
+                        # (shielded as the loops are: a stopping worker
+                        # drains what is out, then cancels it with them)
+                        self._spawn(self._group, partial(self._send, store, batch))
+                        continue
                     if read_handed and not starts:
                         # the reader sends its read before this batch goes
                         # out: the server answers it first, and the next
@@ -537,23 +571,60 @@ class Worker:
                         # that start with it: the claim goes out before they
                         # get a turn, so a run sees its key running.)
                         await anyio.lowlevel.checkpoint()
-                    try:
-                        outcomes = await self.docket.adapter.execute(store)
-                    except StoreError as error:
-                        self._store_failed(store, error)
-                        continue
-                    self._health.store_answered()
-                    machine.store_replied(store, outcomes, time.time())
-                    if len(self._calls) > len(machine.in_flight):
-                        # deliveries that ended without starting (struck,
-                        # superseded, parked, lost) leave their calls behind
-                        for delivery_id in [d for d in self._calls if d not in machine.in_flight]:
-                            del self._calls[delivery_id]
+                    await self._send(store, batch)
         finally:
             self._flushing = False
             flushed, self._flushed = self._flushed, None
             if flushed is not None:
                 flushed.set()
+
+    async def _send(self, store: list[StoreEffect], batch: int) -> None:
+        """Send the ``batch``-th batch once those before it are on the wire,
+        and hand its outcomes to the machine once theirs are (a store that
+        keeps the order answers them in it anyway)."""
+        machine = self._machine
+        assert machine is not None
+        while self._written < batch:
+            await self._turn()
+        try:
+            self._written += 1  # (on the wire when ``execute`` first yields)
+            self._turn_taken()
+            adapter = self.docket.adapter
+            if machine.config.batches_in_flight > 1:
+                outcomes = await adapter.execute_in_order(store)
+            else:
+                outcomes = await adapter.execute(store)
+        except StoreError as error:
+            while self._answered < batch:
+                await self._turn()
+            self._answered += 1
+            self._turn_taken()
+            self._store_failed(store, error)
+            self._dirty.set()
+            return
+        while self._answered < batch:
+            await self._turn()
+        self._answered += 1
+        self._turn_taken()
+        self._health.store_answered()
+        machine.store_replied(store, outcomes, time.time())
+        if len(self._calls) > len(machine.in_flight):
+            # deliveries that ended without starting (struck,
+            # superseded, parked, lost) leave their calls behind
+            for delivery_id in [d for d in self._calls if d not in machine.in_flight]:
+                del self._calls[delivery_id]
+        self._dirty.set()
+
+    async def _turn(self) -> None:
+        """Wait until a batch goes out or is answered."""
+        if self._turned is None:
+            self._turned = anyio.Event()
+        await self._turned.wait()
+
+    def _turn_taken(self) -> None:
+        turned, self._turned = self._turned, None
+        if turned is not None:
+            turned.set()
 
     def _store_failed(self, effects: list[StoreEffect], error: StoreError) -> None:
         """Tell the machine a batch failed: it decides when to send it again,

@@ -5,7 +5,11 @@ keys without controls, whose fresh deliveries start with their claim) run on
 several simulated workers of two dockets, which share one scoped limit and
 each have limits of their own, while faults strike: worker crashes, effect batches
 lost with their worker, batches whose reply is lost (run by the store or not;
-the worker machine sends them again), crashes after a step of a scoped
+the worker machine sends them again; a batch out behind it on the same
+connection shares its fate), batches refused (an error reply, after the calls
+before the refused one ran), a second batch sent while the first is out (a
+worker that may keep two out hears a reply later, and the store runs both
+in order), crashes after a step of a scoped
 limit's chain (``docket_core.sansio.scoped_slots``) before the next,
 deliveries handed to a worker late, clock skew between workers, clock jumps.
 The shared limit takes that chain: a take in the scope, a confirm or a park
@@ -81,10 +85,12 @@ from docket_core.sansio.effects import (
 from docket_core.sansio.inputs import (
     Arrival,
     CancelRequested,
+    Outcome,
     ReadDone,
     ReadFailed,
     ReplyLost,
     Scheduled,
+    StoreFailed,
     TaskEnded,
     TaskOutcome,
     Tick,
@@ -163,6 +169,18 @@ def drive(coroutine: Coroutine[Any, Any, Any]) -> Any:
     raise RuntimeError("a memory store call suspended inside the simulator")
 
 
+@attrs.frozen
+class Sent:
+    """A batch the store has had: its fate, and what the worker will hear."""
+
+    effects: list[StoreEffect]
+    #: "ok", "lost" (its reply never comes) or "refused" (an error reply)
+    kind: str
+    outcomes: list[Outcome] | None
+    #: whether its request reached the store (one behind it may then too)
+    reached: bool
+
+
 @attrs.define
 class SimWorker:
     name: str
@@ -175,6 +193,8 @@ class SimWorker:
     read: Read | None = None
     #: a read's result not yet handed to the machine (delayed delivery)
     delayed: list[Delivery] = attrs.field(factory=list)
+    #: batches sent whose replies the worker has not heard yet, in order
+    out: list[Sent] = attrs.field(factory=list)
     alive: bool = True
 
 
@@ -215,6 +235,9 @@ class Simulation:
         self.judged: set[tuple[str, int]] = set()
         #: workers that died after a step of a chain
         self.chain_crashes = 0
+        #: batches sent behind another one still out, and batches refused
+        self.behind = 0
+        self.refusals = 0
         for i in range(workers):
             self.spawn(DOCKETS[i % len(DOCKETS)])
 
@@ -232,6 +255,7 @@ class Simulation:
             origin=f"w{self.serial}#sim",
             reads=True,
             retry_delay=self.rng.choice([0.05, 0.5, 2.0]),
+            batches_in_flight=self.rng.choice([1, 2]),
         )
         skew = self.rng.uniform(-MAX_SKEW, MAX_SKEW)
         worker = SimWorker(config.name, docket, WorkerMachine(config, self.now + skew), skew)
@@ -278,53 +302,121 @@ class Simulation:
         return policy
 
     def pump(self, worker: SimWorker, *, lose: bool = False) -> None:
-        """Carry out the machine's effects until it has none."""
+        """Carry out the machine's effects until it has none.  A worker that
+        may keep two batches out hears the reply to one later at times
+        (``SimWorker.out``): the simulation goes on, and the machine may hand
+        out the next batch before that reply.  The store runs each batch as
+        it is sent; a lost reply loses the replies behind it on the same
+        connection too."""
         machine = worker.machine
-        while effects := machine.effects():
-            store: list[StoreEffect] = []
-            for effect in effects:
-                self.runtime_effect(worker, effect)
-                if isinstance(effect, StoreEffect):
-                    store.append(effect)
-            if not store:
+        while True:
+            effects = machine.effects()
+            store = self.runtime_effects(worker, effects)
+            if store:
+                if lose:
+                    self.crash(worker)  # the batch never reached the store
+                    return
+                if not self.send(worker, store):
+                    return
+                if (
+                    self.faults
+                    and len(worker.out) < machine.config.batches_in_flight
+                    and self.rng.random() < 0.5
+                ):
+                    return  # its reply comes later: the worker goes on meanwhile
+            elif effects:
                 continue
-            if lose:
-                self.crash(worker)  # the batch never reached the store
+            if not worker.out:
                 return
-            # the reply is lost: after the store ran the batch, or before
-            # (most often for acquisitions: a lost "parked" is the costly case)
-            costly = any(
-                isinstance(e, AcquireSlot | Admit | TakeSlot | Park)
-                or (isinstance(e, SlotStep) and bool(e.takes))
-                for e in store
-            )
-            odds = 0.25 if costly else 0.03
-            reply_lost = self.faults and self.rng.random() < odds
-            # or the worker dies after a step of a chain, before the next
-            chain_crash = (
-                self.faults
-                and any(isinstance(e, CHAIN_STEPS) for e in store)
-                and self.rng.random() < CHAIN_CRASH_ODDS
-            )
-            if not reply_lost or chain_crash or self.rng.random() < 0.7:
-                for release in releases(store):
-                    self.check_release(worker, release)
-                holders = self.slot_holders()
-                displaced = self.displaced(worker.docket)
-                outcomes = drive(self.stores[worker.docket].execute(store))
-                self.note_evictions(holders, store)
-                self.note_admissions(store, outcomes, displaced)
-            if chain_crash:
-                self.chain_crashes += 1
-                self.crash(worker)
+            if not self.hear(worker):
                 return
-            if reply_lost:
-                machine.receive(
-                    ReplyLost(effects=tuple(store), now=self.clock(worker), reason="simulated")
-                )
+
+    def runtime_effects(self, worker: SimWorker, effects: Sequence[Effect]) -> list[StoreEffect]:
+        """Carry out the runtime's effects; returns the store's, in order."""
+        store: list[StoreEffect] = []
+        for effect in effects:
+            self.runtime_effect(worker, effect)
+            if isinstance(effect, StoreEffect):
+                store.append(effect)
+        return store
+
+    def send(self, worker: SimWorker, store: list[StoreEffect]) -> bool:
+        """The store runs a batch as it arrives (``SimWorker.out`` keeps its
+        answer until the worker hears it); False when the worker died.  Its
+        reply may be lost (after the batch ran, or before), and a batch
+        behind a lost one on the same connection shares its fate; it may come
+        back refused (an error reply: the calls before the refused one ran)."""
+        before = worker.out[-1] if worker.out else None
+        # (most often for acquisitions: a lost "parked" is the costly case)
+        costly = any(
+            isinstance(e, AcquireSlot | Admit | TakeSlot | Park)
+            or (isinstance(e, SlotStep) and bool(e.takes))
+            for e in store
+        )
+        odds = 0.25 if costly else 0.03
+        reply_lost = (before is not None and before.kind == "lost") or (
+            self.faults and self.rng.random() < odds
+        )
+        # or the worker dies after a step of a chain, before the next
+        chain_crash = (
+            self.faults
+            and any(isinstance(e, CHAIN_STEPS) for e in store)
+            and self.rng.random() < CHAIN_CRASH_ODDS
+        )
+        refused = not reply_lost and not chain_crash and self.faults and self.rng.random() < 0.01
+        reached = before is None or before.reached
+        if refused:
+            # (the calls before the refused one ran: a resend answers them
+            # from the store's memory)
+            self.run(worker, store[: self.rng.randrange(len(store))])
+            worker.out.append(Sent(store, "refused", None, reached))
+            return True
+        outcomes: list[Outcome] | None = None
+        if reached and (not reply_lost or chain_crash or self.rng.random() < 0.7):
+            outcomes = self.run(worker, store)
+        else:
+            reached = False
+        if chain_crash:
+            self.chain_crashes += 1
+            self.crash(worker)
+            return False
+        worker.out.append(Sent(store, "lost" if reply_lost else "ok", outcomes, reached))
+        return True
+
+    def run(self, worker: SimWorker, store: list[StoreEffect]) -> list[Outcome]:
+        """The store runs ``store`` now."""
+        if not store:
+            return []
+        for release in releases(store):
+            self.check_release(worker, release)
+        holders = self.slot_holders()
+        displaced = self.displaced(worker.docket)
+        outcomes: list[Outcome] = drive(self.stores[worker.docket].execute(store))
+        self.note_evictions(holders, store)
+        self.note_admissions(store, outcomes, displaced)
+        return outcomes
+
+    def hear(self, worker: SimWorker) -> bool:
+        """The worker hears the replies to its batches out, in order; False
+        when a refusal was fatal (the runtime stops the worker)."""
+        machine = worker.machine
+        sent, worker.out = worker.out, []
+        self.behind += max(len(sent) - 1, 0)
+        for batch in sent:
+            now = self.clock(worker)
+            effects = tuple(batch.effects)
+            if batch.kind == "refused":
+                self.refusals += 1
+                machine.receive(StoreFailed(effects=effects, now=now, reason="simulated"))
+                if machine.fatal is not None:
+                    self.crash(worker)  # (leases recover what it held)
+                    return False
+            elif batch.outcomes is None or batch.kind == "lost":
+                machine.receive(ReplyLost(effects=effects, now=now, reason="simulated"))
             else:
-                machine.store_replied(store, outcomes, self.clock(worker))
+                machine.store_replied(batch.effects, batch.outcomes, now)
             self.check()
+        return True
 
     def runtime_effect(self, worker: SimWorker, effect: Effect) -> None:
         if isinstance(effect, Read):
@@ -425,6 +517,7 @@ class Simulation:
     def crash(self, worker: SimWorker) -> None:
         worker.alive = False
         worker.running.clear()
+        worker.out.clear()
         self.workers.remove(worker)
         self.spawn(worker.docket)
 
@@ -685,7 +778,8 @@ def main(argv: list[str] | None = None) -> int:
         admitted = sum(len(starts) for starts in simulation.admitted.values())
         print(
             f"seed {seed}: {simulation.steps} steps, {len(simulation.accepted)} adds, "
-            f"{admitted} admissions, {simulation.chain_crashes} crashes in a chain, ok"
+            f"{admitted} admissions, {simulation.chain_crashes} crashes in a chain, "
+            f"{simulation.behind} batches sent behind another, {simulation.refusals} refused, ok"
         )
     elapsed = time.perf_counter() - started
     print(f"{total} steps in {elapsed:.2f}s: {total / elapsed:,.0f} steps/s")

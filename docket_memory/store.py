@@ -85,6 +85,7 @@ def shelf_for(location: str, name: str) -> Shelf:
 #: a close lease's owner, as close.lua takes it
 _OWNER = re.compile(r"[A-Za-z0-9-]*")
 
+
 class MemoryStore:
     """A ``StorageAdapter`` over an in-process ``Shelf``."""
 
@@ -178,6 +179,12 @@ class MemoryStore:
 
     #: (``StorageAdapter.sends_at_once``: effects are carried out at once)
     sends_at_once = True
+    #: (``StorageAdapter.keeps_order``: carried out at once, a worker's
+    #: batches have nothing to overlap)
+    keeps_order = False
+
+    async def execute_in_order(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
+        return await self.execute(effects)
 
     async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
         outcomes: list[Outcome] = []

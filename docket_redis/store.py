@@ -38,6 +38,8 @@ from docket_core.lua.entries import text
 from docket_core.lua.protocol import GROUP, ScriptCall
 from docket_core.sansio.errors import StoreError, StoreUnavailable
 
+from .line import Line
+from .subscriber import FAILURES, Subscriber
 from .urls import MAX_CONNECTIONS, POOL_TIMEOUT, WAIT_TIMEOUT_MS, client_for_url
 
 
@@ -55,7 +57,7 @@ __all__ = ["MAX_CONNECTIONS", "POOL_TIMEOUT", "RedisStore"]
 
 _SHAS = {name: hashlib.sha1(source.encode()).hexdigest() for name, source in SCRIPTS.items()}
 
-_FAILURES = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+_FAILURES = FAILURES
 #: a cluster in motion (a failover, a slot moving, a node unreachable):
 #: ``ClusterDownError`` and ``MasterDownError`` are ``ClusterError``s,
 #: ``MovedError`` an ``AskError``; redis-py retried them before raising
@@ -70,8 +72,6 @@ _CLUSTER_IN_MOTION = (
 #: out TRYAGAIN by itself, up to its request timeout), before the store
 #: reports it unavailable (and the worker backs off)
 MOVE_PATIENCE = 2.0
-#: the longest a subscription waits for the server's confirmation
-SUBSCRIBE_TIMEOUT = 10.0
 #: the idle connections a client's script calls keep out of its pool
 CALLERS_KEPT = 4
 
@@ -123,6 +123,11 @@ def _packed(connection: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
         except TypeError:  # (a bytes name, or an argument hiredis does not take)
             pass
     return connection.pack_commands(commands)
+
+
+def _script_commands(calls: Sequence[ScriptCall]) -> list[tuple[Any, ...]]:
+    """The ``EVALSHA`` command of each call."""
+    return [("EVALSHA", _SHAS[call.name], len(call.keys), *call.keys, *call.args) for call in calls]
 
 
 def _raise_first(replies: Sequence[Any]) -> None:
@@ -205,6 +210,10 @@ class RedisStore(ScriptedStore):
         self._sentinel = isinstance(
             getattr(client, "connection_pool", None), SentinelConnectionPool
         )
+        #: one server, whose scripts need no replica's acknowledgement: a
+        #: worker's batches may share one connection (``execute_in_order``)
+        self.keeps_order = self._cluster is None and not self._sentinel and not wait_replicas
+        self._line: Line | None = None
 
     @classmethod
     def from_url(cls, url: str, *, name: str) -> RedisStore:
@@ -283,13 +292,22 @@ class RedisStore(ScriptedStore):
             return await self._run_calls(calls)
         return await self._in_turn(calls, False)
 
+    async def run_calls_in_order(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        if not self.keeps_order:
+            return await self.run_calls(calls)
+        if self._commands is None:
+            return await self._run_calls(calls, in_order=True)
+        return await self._in_turn(calls, False, in_order=True)
+
     async def run_calls_apart(self, calls: Sequence[ScriptCall]) -> list[Any]:
         # (one server: the ordered pipeline of ``run_calls``)
         if self._commands is None:
             return await self._run_calls(calls, apart=True)
         return await self._in_turn(calls, True)
 
-    async def _in_turn(self, calls: Sequence[ScriptCall], apart: bool) -> list[Any]:
+    async def _in_turn(
+        self, calls: Sequence[ScriptCall], apart: bool, in_order: bool = False
+    ) -> list[Any]:
         """``_run_calls`` in one of the command turns: a free turn taken
         without yielding (``Semaphore.acquire`` gives the loop a turn even
         then), so the calls go out before anything started beside them runs."""
@@ -300,15 +318,19 @@ class RedisStore(ScriptedStore):
         except anyio.WouldBlock:
             await commands.acquire()
         try:
-            return await self._run_calls(calls, apart=apart)
+            return await self._run_calls(calls, apart=apart, in_order=in_order)
         finally:
             commands.release()
 
     def same_client(self, other: ScriptedStore) -> bool:
         return isinstance(other, RedisStore) and other.client is self.client
 
-    async def _run_calls(self, calls: Sequence[ScriptCall], apart: bool = False) -> list[Any]:
-        send = self._evalsha_apart if apart else self._evalsha
+    async def _run_calls(
+        self, calls: Sequence[ScriptCall], apart: bool = False, in_order: bool = False
+    ) -> list[Any]:
+        send = self._evalsha_in_order if in_order else self._evalsha
+        if apart:
+            send = self._evalsha_apart
         try:
             try:
                 return await send(calls)
@@ -344,10 +366,7 @@ class RedisStore(ScriptedStore):
         if self._cluster is not None:
             return await self._evalsha_by_slot(self._cluster, calls)
         wait = self.wait_replicas > 0 and any(call.durable for call in calls)
-        commands: list[tuple[Any, ...]] = [
-            ("EVALSHA", _SHAS[call.name], len(call.keys), *call.keys, *call.args)
-            for call in calls
-        ]
+        commands = _script_commands(calls)
         if wait:
             commands.append(("WAIT", self.wait_replicas, self.wait_timeout_ms))
         replies = await self._send_on_own_connection(commands)
@@ -362,6 +381,72 @@ class RedisStore(ScriptedStore):
             reached = acknowledged if isinstance(acknowledged, int) else 0
             raise StoreUnavailable(f"the write reached only {reached} replicas")
         return replies
+
+    async def _evalsha_in_order(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """``_evalsha`` on the line (one server, no ``WAIT``)."""
+        commands = _script_commands(calls)
+        replies = await self._send_on_line(commands)
+        _raise_first(replies)
+        return replies
+
+    async def _send_on_line(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``commands`` in one round trip on the line (``line.Line``): behind
+        the calls on it before, on one connection.  A call alone on a line
+        that broke under it goes again as ``_send_on_own_connection`` would
+        (the connection's retry), since nothing behind it depends on it."""
+        line = self._line
+        if line is None or line.broken is not None:
+            line = self._line = Line()
+            try:
+                line.opened(await self._kept_connection())
+            except BaseException as error:
+                line.fail(error)
+                if self._line is line:
+                    self._line = None
+                raise
+        alone = line.callers == 0
+        try:
+            return await line.call(lambda connection: _packed(connection, commands), len(commands))
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError):
+            if not alone or line.callers:
+                raise
+            return await self._send_on_own_connection(commands)
+        finally:
+            if line.callers == 0:
+                if self._line is line:
+                    self._line = None
+                connection, line.connection = line.connection, None
+                if connection is not None:
+                    await self._put_back(connection, closed=line.broken is not None)
+
+    async def _kept_connection(self) -> Any:
+        """A connection for script calls: a kept one (checked as the pool
+        checks what it hands out), or one of the pool's."""
+        callers, pool = self._callers, self._pool()
+        if not callers:
+            return await pool.get_connection()
+        connection = callers.pop()
+        try:
+            await pool.ensure_connection(connection)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await connection.disconnect(nowait=True)
+                await pool.release(connection)
+            raise
+        return connection
+
+    async def _put_back(self, connection: Any, *, closed: bool) -> None:
+        """Keep a connection for the next script calls, or give it back to
+        the pool (closed first, when a reply may still come on it)."""
+        pool = self._pool()
+        with anyio.CancelScope(shield=True):
+            if closed:
+                await connection.disconnect(nowait=True)
+                await pool.release(connection)
+            elif len(self._callers) < CALLERS_KEPT:
+                self._callers.append(connection)
+            else:
+                await pool.release(connection)
 
     async def _evalsha_by_slot(
         self, cluster: RedisCluster, calls: Sequence[ScriptCall]
@@ -564,7 +649,7 @@ class RedisStore(ScriptedStore):
                 entry_id: Any = await self.client.xadd(self.layout.strikes, {"i": data})
         return text(entry_id)
 
-    async def subscriber(self) -> _Subscriber:
+    async def subscriber(self) -> Subscriber:
         with _store_errors("SUBSCRIBE"):
             if self._cluster is not None:
                 # plain PUBLISH reaches a subscriber on any node: the docket's own
@@ -574,72 +659,4 @@ class RedisStore(ScriptedStore):
             else:
                 pubsub = self.client.pubsub()
             await pubsub.connect()  # type: ignore[no-untyped-call]
-        return _Subscriber(pubsub)
-
-
-class _Subscriber:
-    """A redis-py ``PubSub`` as the ``Fanout``'s subscriber: SUBSCRIBE and
-    UNSUBSCRIBE go out in order, and a subscription counts once its
-    confirmation arrives through ``receive``."""
-
-    def __init__(self, pubsub: PubSub) -> None:
-        self._pubsub = pubsub
-        self._sending = anyio.Lock()
-        #: channel -> confirmations still to come, and the event they set
-        self._unconfirmed: dict[str, tuple[int, anyio.Event]] = {}
-        self._broken: StoreError | None = None
-
-    async def subscribe(self, channel: str) -> None:
-        async with self._sending:
-            count, confirmed = self._unconfirmed.get(channel, (0, anyio.Event()))
-            self._unconfirmed[channel] = (count + 1, confirmed)
-            try:
-                await self._pubsub.subscribe(channel)
-            except BaseException as error:
-                self._confirm(channel)
-                if isinstance(error, _FAILURES):
-                    raise StoreUnavailable(f"Redis unavailable: {error}") from error
-                raise
-        with anyio.move_on_after(SUBSCRIBE_TIMEOUT):
-            await confirmed.wait()
-        if self._broken is not None:
-            raise self._broken
-        if not confirmed.is_set():
-            raise StoreUnavailable(f"Redis did not confirm a subscription to {channel}")
-
-    async def unsubscribe(self, channel: str) -> None:
-        async with self._sending:
-            await self._pubsub.unsubscribe(channel)
-
-    def _confirm(self, channel: str) -> None:
-        count, confirmed = self._unconfirmed.get(channel, (0, None))
-        if confirmed is None:
-            return  # a subscription replayed after a reconnection
-        if count <= 1:
-            del self._unconfirmed[channel]
-            confirmed.set()
-        else:
-            self._unconfirmed[channel] = (count - 1, confirmed)
-
-    async def receive(self) -> tuple[str, bytes]:
-        while True:
-            try:
-                message = await self._pubsub.get_message(timeout=None)
-            except _FAILURES as error:
-                self._broken = StoreUnavailable(f"Redis unavailable: {error}")
-                for _, confirmed in self._unconfirmed.values():
-                    confirmed.set()
-                raise self._broken from error
-            if message is None:
-                continue
-            kind = message["type"]
-            if kind == "message":
-                return text(message["channel"]), message["data"]
-            if kind == "subscribe":
-                self._confirm(text(message["channel"]))
-
-    async def aclose(self) -> None:
-        try:
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
-        except Exception:
-            pass
+        return Subscriber(pubsub)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import types
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -140,3 +141,30 @@ def keys_in_each_partition(n: int) -> list[str]:
         found.setdefault(partition_of(f"key-{i}", n), f"key-{i}")
         i += 1
     return [found[p] for p in range(n)]
+
+
+def resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Coroutine[Any, Any, Any]:
+    """The rest of ``coro``, stepped once by hand (which yielded ``yielded``),
+    as an awaitable the running task drives on."""
+
+    @types.coroutine
+    def rest() -> Generator[Any, Any, Any]:
+        value = yielded
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as error:  # (handed on into the coroutine)
+                try:
+                    value = coro.throw(error)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+    return rest()  # type: ignore[no-any-return]

@@ -40,7 +40,14 @@ T = TypeVar("T")
 LIMIT = ConcurrencyPolicy(limit_key="limit:f:customer=1", max_concurrent=2)
 
 
+#: unit tests hand out batches they never answer (a heartbeat, a step they
+#: do not follow): the machine's limit of batches out would hold the rest
+#: back, so it is lifted unless a test sets it (``test_batches_in_flight``)
+UNLIMITED_BATCHES = 1_000_000
+
+
 def make_machine(now: float = 0.0, **settings: object) -> WorkerMachine:
+    settings.setdefault("batches_in_flight", UNLIMITED_BATCHES)
     config = WorkerConfig(name=str(settings.pop("name", "w1")), **settings)  # type: ignore[arg-type]
     return WorkerMachine(config, now)
 

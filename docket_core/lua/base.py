@@ -113,6 +113,9 @@ class ScriptedStore(abc.ABC):
     #: (``StorageAdapter.sends_at_once``: an adapter whose client may yield
     #: before it writes says False)
     sends_at_once = True
+    #: (``StorageAdapter.keeps_order``: an adapter whose ``run_calls_in_order``
+    #: keeps order says True)
+    keeps_order = False
 
     def __init__(self, *, name: str, partitions: int = 1) -> None:
         self.name = name
@@ -134,6 +137,11 @@ class ScriptedStore(abc.ABC):
         cluster, whose pipelines run their nodes side by side, one round trip
         per run of consecutive calls in one slot (``protocol.same_slot_groups``),
         each after the one before has answered."""
+
+    async def run_calls_in_order(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """``run_calls`` behind the calls of ``run_calls_in_order`` made
+        before it, on one connection, where the store ``keeps_order``."""
+        return await self.run_calls(calls)
 
     @abc.abstractmethod
     async def run_calls_apart(self, calls: Sequence[ScriptCall]) -> list[Any]:
@@ -197,12 +205,22 @@ class ScriptedStore(abc.ABC):
     # -- the storage algebra ---------------------------------------------------------
 
     async def execute(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
+        return await self._carry_out(effects, self.run_calls)
+
+    async def execute_in_order(self, effects: Sequence[StoreEffect]) -> list[Outcome]:
+        return await self._carry_out(effects, self.run_calls_in_order)
+
+    async def _carry_out(
+        self,
+        effects: Sequence[StoreEffect],
+        run: Callable[[Sequence[ScriptCall]], Awaitable[list[Any]]],
+    ) -> list[Outcome]:
         if not effects:
             return []
         # (the calls may name several namespaces, a scoped limit's chain: an
         # adapter on a cluster sends them group after group, ``run_calls``)
         calls = calls_for(self.layout, effects)
-        replies = await self.run_calls([call for call, _ in calls])
+        replies = await run([call for call, _ in calls])
         return outcomes_for(effects, calls, replies)
 
     def runs_apart_with(self, store: object) -> TypeGuard[ScriptedStore]:

@@ -49,6 +49,10 @@ class WorkerConfig:
     #: the call first yields (``StorageAdapter.sends_at_once``), so a run
     #: started beside its claim cannot reach the store ahead of it
     start_early: bool = True
+    #: how many batches of store effects may be out at once: 2 only where the
+    #: store runs and answers one sender's batches in the order they were
+    #: sent (``StorageAdapter.keeps_order``; ``outbox``)
+    batches_in_flight: int = 1
 
     def __attrs_post_init__(self) -> None:
         if self.concurrency < 1:
@@ -57,6 +61,8 @@ class WorkerConfig:
             raise UsageError("redelivery_timeout must be positive")
         if self.heartbeat_interval <= 0:
             raise UsageError("heartbeat_interval must be positive")
+        if self.batches_in_flight < 1:
+            raise UsageError("batches_in_flight must be at least 1")
 
     @property
     def renew_interval(self) -> float:

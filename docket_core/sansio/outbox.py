@@ -6,16 +6,27 @@ Theory of operation
 Every remembered store effect gets a ``Request``: this machine's ``origin``
 (unique for its life), a number, the ``floor`` (the lowest number whose reply
 has not arrived: the store may forget the outcomes below it) and how long the
-store keeps outcomes (``remember``).  The machine sends one batch at a time.
+store keeps outcomes (``remember``).  The machine hands out a batch
+(``sent``) while fewer than ``in_flight`` are out: a store that runs the
+batches of one sender in the order they were sent, and answers them in that
+order, may have two out (the second's effects were decided without the
+first's outcomes, so they commute with it: a delivery's ``Finish`` waits for
+its claim's verdict, a slot's release for its acquisition's); any other
+store has one.
 
-- A reply raises the floor past the batch and ends any failure streak.
+- The floor is the lowest request of a batch out or kept for a resend (or,
+  with none, the one after the last answered): a reply to a later batch
+  never lets the store forget an earlier one a resend may still need.
+- A reply ends any failure streak, unless a failed batch waits for its resend.
 - A batch with no reply (``ReplyLost``) or an error (``StoreFailed``) is kept
   for a resend after ``retry_delay``, doubled for each failure in a row up to
   ``BACKOFF_CAP`` times it (a store refusing writes for a while, out of
   memory or failing over, is not hammered); until then the machine holds back
-  its other store effects, so nothing overtakes the failed batch.  The resend
-  carries the same requests, stamped with the time of the new attempt: the
-  store answers what already ran with its first outcome.
+  its other store effects, so nothing but a batch already out overtakes the
+  failed batch (one behind it on the same connection fails with it, and is
+  kept after it, in order).  The resend carries the same requests, stamped
+  with the time of the new attempt: the store answers what already ran with
+  its first outcome.
 - A streak longer than ``resend_window`` gives the batch up (the machine
   leaves its deliveries to the store), when a failure or the resend finds it
   so (``lapsed``: a worker that stalled, or whose clock jumped, sends nothing
@@ -28,6 +39,7 @@ store keeps outcomes (``remember``).  The machine sends one batch at a time.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 import attrs
@@ -51,6 +63,7 @@ class Outbox:
         retry_delay: float,
         resend_window: float,
         refusals_allowed: int,
+        in_flight: int = 1,
     ) -> None:
         self._origin = origin
         self._worker = worker
@@ -58,9 +71,17 @@ class Outbox:
         self._retry_delay = retry_delay
         self._resend_window = resend_window
         self._refusals_allowed = refusals_allowed
-        #: the last request number given, and the lowest one not yet answered
+        #: how many batches may be out at once
+        self.in_flight = in_flight
+        #: the last request number given, and the one after the last answered
         self._seq = 0
-        self._floor = 1
+        self._answered = 1
+        #: the batches out, oldest first: each one's lowest request number
+        #: (``None``: it has no request)
+        self._out: deque[int | None] = deque()
+        #: the batches that were out behind the one that failed last (their
+        #: lowest request numbers)
+        self._behind: list[int | None] = []
         #: the batch to send again, and when
         self._failed: list[StoreEffect] = []
         self.resend_at: float | None = None
@@ -79,25 +100,75 @@ class Outbox:
             origin=self._origin,
             worker=self._worker,
             seq=self._seq,
-            floor=self._floor,
+            floor=self.floor,
             remember=self._remember,
         )
 
+    @property
+    def floor(self) -> int:
+        """The lowest request number the store may still be asked about."""
+        floor = self._answered
+        for low in self._out:
+            if low is not None and low < floor:
+                floor = low
+        for effect in self._failed:
+            request: Request | None = getattr(effect, "request", None)
+            if request is not None and request.seq < floor:
+                floor = request.seq
+        return floor
+
+    @property
+    def full(self) -> bool:
+        """Whether as many batches are out as may be."""
+        return len(self._out) >= self.in_flight
+
+    @property
+    def out(self) -> int:
+        """How many batches are out."""
+        return len(self._out)
+
+    def sent(self, effects: Sequence[StoreEffect]) -> None:
+        """``effects`` go out as one batch."""
+        self._out.append(_lowest(effects))
+
+    def _arrived(self, effects: Sequence[StoreEffect]) -> int | None:
+        """The batch of ``effects`` is no longer out (it was answered or
+        failed); batches answer in the order they went out, but one handed
+        out and never sent (a test's, a stopping runtime's) is found by its
+        requests too."""
+        low = _lowest(effects)
+        if self._out and self._out[0] == low:
+            self._out.popleft()
+        elif low in self._out:
+            self._out.remove(low)
+        return low
+
     def replied(self, effects: Sequence[StoreEffect]) -> None:
         """The store answered ``effects``: their requests need no memory."""
-        self._failing_since = None
-        self._failures = 0
-        self._refusals = 0
+        low = self._arrived(effects)
+        if self._behind and low in self._behind:
+            self._behind.remove(low)
+        elif self.resend_at is None:
+            self._failing_since = None
+            self._failures = 0
+            self._refusals = 0
         for effect in reversed(effects):
             request: Request | None = getattr(effect, "request", None)
             if request is not None:
-                self._floor = max(self._floor, request.seq + 1)
+                self._answered = max(self._answered, request.seq + 1)
                 return
 
     def failed(self, event: ReplyLost | StoreFailed) -> tuple[StoreEffect, ...]:
         """Keep the batch for a resend; returns it instead when it is given up
         (or nothing, when the failure is fatal)."""
         now = event.now
+        low = self._arrived(event.effects)
+        if self._behind and low in self._behind:
+            # a batch that was out behind the failed one (on the same
+            # connection): kept after it, for the same resend
+            self._behind.remove(low)
+            self._failed += event.effects
+            return ()
         if type(event) is StoreFailed:
             self._refusals += 1
             if self._refusals >= self._refusals_allowed:
@@ -110,6 +181,7 @@ class Outbox:
             self._failing_since = now
             return event.effects
         self._failed = list(event.effects)
+        self._behind = list(self._out)
         self._failures += 1
         self.resend_at = now + self.backoff(self._failures)
         return ()
@@ -124,10 +196,13 @@ class Outbox:
         ``retry_delay`` is given up, not sent for a whole resend window."""
         self._stopping = True
 
-    def hold_back(self, effects: list[Effect]) -> tuple[list[Effect], list[Effect]]:
-        """Split ``effects`` into what may go out now and what must wait for
-        the resend (the store effects, while one is pending)."""
-        if self.resend_at is None:
+    def hold_back(
+        self, effects: list[Effect], full: bool = False
+    ) -> tuple[list[Effect], list[Effect]]:
+        """Split ``effects`` into what may go out now and what must wait (the
+        store effects, while a resend is pending or the batches out are
+        ``full``)."""
+        if self.resend_at is None and not full:
             return effects, []
         out = [e for e in effects if not isinstance(e, StoreEffect)]
         return out, [e for e in effects if isinstance(e, StoreEffect)]
@@ -157,3 +232,13 @@ class Outbox:
         self._failed = []
         self.resend_at = None
         return effects
+
+
+def _lowest(effects: Sequence[StoreEffect]) -> int | None:
+    """The lowest request number among ``effects`` (``None``: none has one)."""
+    low: int | None = None
+    for effect in effects:
+        request: Request | None = getattr(effect, "request", None)
+        if request is not None and (low is None or request.seq < low):
+            low = request.seq
+    return low

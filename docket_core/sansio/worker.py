@@ -141,6 +141,7 @@ class WorkerMachine(SlotSteps, LeaseSteps):
             retry_delay=config.retry_delay,
             resend_window=config.resend_window,
             refusals_allowed=config.refusals_allowed,
+            in_flight=config.batches_in_flight,
         )
         self.chains = ReleaseChains(docket=config.docket, outbox=self.outbox)
         self.local = LocalWaits()
@@ -193,7 +194,7 @@ class WorkerMachine(SlotSteps, LeaseSteps):
     @property
     def quiet(self) -> bool:
         """Said goodbye, with nothing left to send to the store."""
-        return self.said_goodbye and self.outbox.resend_at is None
+        return self.said_goodbye and self.outbox.resend_at is None and not self.outbox.out
 
     @property
     def fatal(self) -> str | None:
@@ -222,14 +223,22 @@ class WorkerMachine(SlotSteps, LeaseSteps):
         return deadline
 
     def effects(self) -> list[Effect]:
-        """Drain the effects produced so far (swap and return).  While a
-        failed batch waits to be sent again, store effects are held back."""
+        """Drain the effects produced so far (swap and return).  Their store
+        effects are one batch, to be sent as one, in order, after any batch
+        handed out before.  Store effects are held back while a failed batch
+        waits to be sent again, or while as many batches are out as may be
+        (``WorkerConfig.batches_in_flight``): the next call after a reply
+        hands them out."""
         if self.failed is not None:
             self._refuse()
         if self._read_due is not None:
             now, self._read_due = self._read_due, None
             self._maybe_read(now)
-        out, self._effects = self.outbox.hold_back(self._effects)
+        outbox = self.outbox
+        out, self._effects = outbox.hold_back(self._effects, outbox.full)
+        store = [effect for effect in out if isinstance(effect, StoreEffect)]
+        if store:
+            outbox.sent(store)
         return out
 
     # -- inputs --------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import pytest
@@ -30,17 +31,21 @@ def lose_replies(docket: Docket, lose: Callable[[Sequence[Outcome]], bool]) -> l
     """Make the docket's adapter drop the reply of every batch ``lose``
     picks, after the store ran it; returns the list of dropped batch sizes."""
     adapter = docket.adapter
-    original = adapter.execute
     dropped: list[int] = []
 
-    async def execute(effects: Sequence[StoreEffect]) -> list[Outcome]:
-        outcomes = await original(effects)
-        if lose(outcomes):
-            dropped.append(len(effects))
-            raise StoreUnavailable("the reply was lost (injected)")
-        return outcomes
+    def losing(original: Callable[..., Any]) -> Callable[..., Any]:
+        async def execute(effects: Sequence[StoreEffect]) -> list[Outcome]:
+            outcomes: list[Outcome] = await original(effects)
+            if lose(outcomes):
+                dropped.append(len(effects))
+                raise StoreUnavailable("the reply was lost (injected)")
+            return outcomes
 
-    adapter.execute = execute  # type: ignore[method-assign]
+        return execute
+
+    # (a worker sends through ``execute_in_order`` where the store keeps order)
+    adapter.execute = losing(adapter.execute)  # type: ignore[method-assign]
+    adapter.execute_in_order = losing(adapter.execute_in_order)  # type: ignore[method-assign]
     return dropped
 
 

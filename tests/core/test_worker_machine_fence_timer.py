@@ -7,7 +7,7 @@ two runs under a limit of one)."""
 from __future__ import annotations
 
 import pytest
-from machines import LIMIT, arrival, of_type, start_limited
+from machines import LIMIT, UNLIMITED_BATCHES, arrival, of_type, start_limited
 
 from docket_core.sansio.effects import CancelTask, StopReason, StoreEffect
 from docket_core.sansio.inputs import ReplyLost, Tick
@@ -21,7 +21,11 @@ def test_runs_are_fenced_on_time_when_every_batch_is_lost(
     taken_at: float, retry_delay: float
 ) -> None:
     config = WorkerConfig(
-        name="w1", redelivery_timeout=5.0, heartbeat_interval=2.0, retry_delay=retry_delay
+        name="w1",
+        redelivery_timeout=5.0,
+        heartbeat_interval=2.0,
+        retry_delay=retry_delay,
+        batches_in_flight=UNLIMITED_BATCHES,  # (its first heartbeat is never answered)
     )
     machine = WorkerMachine(config, 0.0)
     machine.receive(Tick(now=0.0))

@@ -8,14 +8,13 @@ ahead of its claim."""
 from __future__ import annotations
 
 import time
-import types
 import uuid
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from backends import CLUSTER_BACKENDS, SERVER_BACKENDS
-from helpers import keys_in_each_partition
+from helpers import keys_in_each_partition, resume
 from servers import Cluster, SentinelSet, Server, Servers, command
 
 from docket_core import Docket
@@ -33,33 +32,6 @@ pytestmark = [
         *(b for b in SERVER_BACKENDS + CLUSTER_BACKENDS if b.endswith("asyncio")),
     ),
 ]
-
-
-def _resume(coro: Coroutine[Any, Any, Any], yielded: Any) -> Coroutine[Any, Any, Any]:
-    """The rest of ``coro``, stepped once by hand (which yielded ``yielded``),
-    as an awaitable the running task drives on."""
-
-    @types.coroutine
-    def rest() -> Generator[Any, Any, Any]:
-        value = yielded
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as error:  # (handed on into the coroutine)
-                try:
-                    value = coro.throw(error)
-                except StopIteration as stop:
-                    return stop.value
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration as stop:
-                    return stop.value
-
-    return rest()  # type: ignore[no-any-return]
 
 
 def _port_of(servers: Servers, name: str) -> int:
@@ -109,7 +81,7 @@ async def test_a_store_that_sends_at_once_has_sent_before_it_first_yields(
     assert servers is not None
     port = _port_of(servers, adapter.name)
     stored = _stored_within(port, Layout(adapter.name).run_key(f"{key}-2"), 2.0)
-    (outcome,) = await _resume(call, yielded)
+    (outcome,) = await resume(call, yielded)
     assert stored, "the add had not reached the server when execute first yielded"
     assert getattr(outcome, "accepted", None) is True
 
@@ -140,6 +112,6 @@ async def test_a_partitioned_docket_sends_a_batchs_first_round_at_once(
         for key in keys
         for name in [part_names(docket.name, 3)[partition_of(key, 3)]]
     ]
-    outcomes = await _resume(call, yielded)
+    outcomes = await resume(call, yielded)
     assert stored == [True, True, True], "a partition's add had not left when execute yielded"
     assert len(outcomes) == 4
