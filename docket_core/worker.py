@@ -6,8 +6,8 @@ hands all store effects of a round to the adapter in one call and feeds the
 outcomes back (an idle worker's pickup the reader flushes itself: its claim
 goes out at once, its next read after the start).  Where the store keeps
 the order of a worker's batches (``StorageAdapter.keeps_order``), the
-machine lets two be out at once: the flusher sends a batch from a task of
-its own and goes on, so the next one (the claims of a read that came back)
+machine lets two be out at once: the flusher leaves a batch to one of two
+*senders* and goes on, so the next one (the claims of a read that came back)
 goes out behind it instead of after its reply; the batches go out, and
 their outcomes reach the machine, in the order the machine handed them out
 (``_send``); the *timer* sleeps until
@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 from functools import partial
@@ -323,6 +323,10 @@ class Worker:
         #: answered, in its turn (``_send``); the event wakes who waits for one
         self._batches = self._written = self._answered = 0
         self._turned: anyio.Event | None = None
+        #: the batches for the senders (``_sender``), and the event that
+        #: wakes an idle one
+        self._outgoing: deque[tuple[list[StoreEffect], int]] = deque()
+        self._outgoing_ready = anyio.Event()
         #: the deadline the timer sleeps until
         self._armed_at = math.inf
         self._read_ready = anyio.Event()
@@ -350,6 +354,11 @@ class Worker:
         async with anyio.create_task_group() as group:
             self._group = group
             self._spawn(group, self._flusher)
+            if config.batches_in_flight > 1:
+                # (shielded as the loops are: a stopping worker drains what
+                # is out, then cancels them with the loops)
+                for _ in range(config.batches_in_flight):
+                    self._spawn(group, self._sender)
             self._spawn(group, self._timer)
             self._spawn(group, self._listener)
             self._spawn(group, self._reader)
@@ -519,7 +528,7 @@ class Worker:
     async def _flush(self, rounds: int | None = None) -> None:
         """Carry out the machine's effects until it has none (or for
         ``rounds`` rounds), a round's store effects in one call; one flush at
-        a time.  A batch goes out from a task of its own (``_send``) where the
+        a time.  A batch goes out from a sender (``_sender``) where the
         machine may have two out, unless it holds the claim of runs that
         start with it, or the reader flushes its pickup: the flush then waits
         for its reply."""
@@ -555,13 +564,12 @@ class Worker:
                     self._batches += 1
                     if rounds is None and not starts and machine.config.batches_in_flight > 1:
                         # (the store keeps the order of this worker's
-                        # batches: this one goes out beside the one out,
-                        # and the flusher goes on; not a batch that holds the
-                        # claim of runs that start with it, which goes out
-                        # before they get a turn, below)
-                        # (shielded as the loops are: a stopping worker
-                        # drains what is out, then cancels it with them)
-                        self._spawn(self._group, partial(self._send, store, batch))
+                        # batches: this one goes out from a sender, beside
+                        # the one out, and the flusher goes on; not a batch
+                        # that holds the claim of runs that start with it,
+                        # which goes out before they get a turn, below)
+                        self._outgoing.append((store, batch))
+                        self._outgoing_ready.set()
                         continue
                     if read_handed and not starts:
                         # the reader sends its read before this batch goes
@@ -577,6 +585,17 @@ class Worker:
             flushed, self._flushed = self._flushed, None
             if flushed is not None:
                 flushed.set()
+
+    async def _sender(self) -> None:
+        """Send the batches the flusher leaves to the senders, one at a time
+        (a worker that may keep two out has two senders)."""
+        outgoing = self._outgoing
+        while True:
+            while not outgoing:
+                await self._outgoing_ready.wait()
+                self._outgoing_ready = anyio.Event()
+            store, batch = outgoing.popleft()
+            await self._send(store, batch)
 
     async def _send(self, store: list[StoreEffect], batch: int) -> None:
         """Send the ``batch``-th batch once those before it are on the wire,

@@ -11,8 +11,10 @@ once the calls before it have read theirs.  Redis runs the commands of one conne
 the order they came, so the batches run, and are answered, in the order of
 the calls.
 
-A call that fails (the connection dropped, a timeout, or it was cancelled
-before it read all its replies) breaks the line: its connection is closed,
+The line keeps its connection between calls (a worker's batches follow
+each other closely); an idle line whose connection closed gives way to a
+new one.  A call that fails (the connection dropped, a timeout, or it was
+cancelled before it read all its replies) breaks the line: its connection is closed,
 and every call behind it fails as well (``LineBroken``, a connection error):
 what they wrote may or may not have run, and the worker machine sends them
 again, in order, answered from the store's memory where they ran.  The next
@@ -54,6 +56,13 @@ class Line:
         self.connection = connection
         self._opened.set()
 
+    @property
+    def usable(self) -> bool:
+        """Whether its connection is open (or still opening), and it is not broken."""
+        connection = self.connection
+        opening = connection is None and not self._opened.is_set()
+        return self.broken is None and (opening or bool(connection and connection.is_connected))
+
     def fail(self, error: BaseException) -> None:
         """The line could not be opened, or broke: its calls fail."""
         if self.broken is None:
@@ -65,16 +74,26 @@ class Line:
         read their ``count`` replies in turn; a reply that is an error comes
         back as its ``ResponseError``.  Raises ``LineBroken`` when a call before it broke
         the line, and the connection's own error when it breaks it."""
-        read_before, read = self._read, anyio.Event()
-        self._read = read
+        read_before: anyio.Event | None = None
+        read = anyio.Event()
+        wrote = False
         self.callers += 1
         try:
             if not self._opened.is_set():
-                await self._opened.wait()  # (woken in the order they came)
+                await self._opened.wait()
             self._check()
-            # (written to the transport before this first yields, when the
-            # line is open: behind the calls made before it, even one whose
-            # write still waits for the transport to drain)
+            if not self.connection.is_connected:
+                # (closed under it: writing would connect anew, and yield)
+                self.fail(redis_errors.ConnectionError("the connection closed"))
+                self._check()
+            # its turn to read is taken as it writes, with no yield between:
+            # the replies come in the order the calls wrote, whatever order
+            # they came in (one that opened the line writes before those that
+            # waited for it).  The write reaches the transport before the
+            # call first yields, behind the calls written before it, even
+            # one whose write still waits for the transport to drain
+            read_before, self._read = self._read, read
+            wrote = True
             packed = pack(self.connection)
             await self.connection.send_packed_command(packed, check_health=False)
             if read_before is not None and not read_before.is_set():
@@ -87,12 +106,11 @@ class Line:
                 except redis_errors.ResponseError as error:
                     replies.append(error)  # (the connection is sound: read on)
             return replies
-        except LineBroken:
-            raise
         except BaseException as error:
-            # (its replies, or some, are still to come on the connection: no
-            # call behind it may read them as its own)
-            self.fail(error)
+            if wrote:
+                # (its replies, or some, are still to come on the connection:
+                # no call behind it may read them as its own)
+                self.fail(error)
             raise
         finally:
             self.callers -= 1

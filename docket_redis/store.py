@@ -268,6 +268,9 @@ class RedisStore(ScriptedStore):
             await self._pool().release(self._readers.pop())
         while self._callers:  # (the siblings' too: idle, they go back to the pool)
             await self._pool().release(self._callers.pop())
+        line, self._line = self._line, None
+        if line is not None and line.connection is not None:
+            await self._put_back(line.connection, closed=bool(line.callers))
         if self._owned:
             await self.client.aclose()
             if self._sentinel:  # and its connections to the sentinels
@@ -391,10 +394,14 @@ class RedisStore(ScriptedStore):
 
     async def _send_on_line(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """``commands`` in one round trip on the line (``line.Line``): behind
-        the calls on it before, on one connection.  A call alone on a line
-        that broke under it goes again as ``_send_on_own_connection`` would
-        (the connection's retry), since nothing behind it depends on it."""
-        line = self._line
+        the calls on it before, on one connection, which the line keeps
+        between calls.  A call alone on a line that broke under it goes again
+        as ``_send_on_own_connection`` would (the connection's retry), since
+        nothing behind it depends on it."""
+        line, stale = self._line, None
+        if line is not None and not line.callers and not line.usable:
+            # (idle, and its connection closed meanwhile: a new line)
+            stale, line.connection, line = line.connection, None, None
         if line is None or line.broken is not None:
             line = self._line = Line()
             try:
@@ -412,12 +419,12 @@ class RedisStore(ScriptedStore):
                 raise
             return await self._send_on_own_connection(commands)
         finally:
-            if line.callers == 0:
+            if line.broken is not None and not line.callers:
                 if self._line is line:
                     self._line = None
-                connection, line.connection = line.connection, None
-                if connection is not None:
-                    await self._put_back(connection, closed=line.broken is not None)
+                stale, line.connection = line.connection, None
+            if stale is not None:
+                await self._put_back(stale, closed=True)
 
     async def _kept_connection(self) -> Any:
         """A connection for script calls: a kept one (checked as the pool

@@ -68,7 +68,35 @@ async def test_calls_in_order_run_in_the_order_they_were_made(docket: Docket) ->
             assert line is not None and line.callers == 2
         assert _accepted(results["long"])[-1] is True
         assert _accepted(results["short"]) == [False]
-    assert store._line is None  # (nothing out: the connection is kept for the next)
+    line = store._line  # (nothing out: the line keeps its connection for the next)
+    assert line is not None and line.callers == 0 and line.usable
+
+
+async def test_calls_that_come_while_the_line_opens_read_in_the_order_they_wrote(
+    docket: Docket,
+) -> None:
+    """The first call opens the line (connecting: it yields), and a second
+    one comes meanwhile and waits for it: the opener writes first, so it
+    reads first (the second would read the opener's replies as its own)."""
+    store = await _store(docket)
+    key = f"k-{uuid.uuid4().hex}"
+    (taken,) = await store.execute_in_order([_add(key)])
+    assert isinstance(taken, Scheduled) and taken.accepted
+    await store._pool().disconnect()  # (the next line connects anew)
+    store._callers.clear()
+    results: dict[str, list[Outcome]] = {}
+
+    async def run(name: str, effects: list[StoreEffect]) -> None:
+        results[name] = await store.execute_in_order(effects)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run, "opener", [_add(f"{key}-{n}") for n in range(20)])
+        await anyio.lowlevel.checkpoint()
+        line = store._line
+        assert line is not None and line.connection is None  # (still connecting)
+        group.start_soon(run, "waiter", [_add(key)])
+    assert _accepted(results["opener"]) == [True] * 20
+    assert _accepted(results["waiter"]) == [False]
 
 
 async def test_a_call_behind_another_goes_out_before_it_first_yields(
