@@ -556,6 +556,13 @@ class Worker:
                     # one goes after it, and no run of this one starts first
                     while self._written < self._batches:
                         await self._turn()
+                if store and starts and rounds is not None:
+                    # an idle worker's pickup: its claim waits for no batch
+                    # ahead of it on the server, so a cancel sent once the
+                    # run started finds the claim done (the race of a run
+                    # started beside its claim stays one round trip wide)
+                    while self._answered < self._batches:
+                        await self._turn()
                 for effect in effects:
                     if not isinstance(effect, StoreEffect):
                         self._run_effect(effect)
