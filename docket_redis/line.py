@@ -11,9 +11,9 @@ once the calls before it have read theirs.  Redis runs the commands of one conne
 the order they came, so the batches run, and are answered, in the order of
 the calls.
 
-The line keeps its connection between calls (a worker's batches follow
-each other closely); an idle line whose connection closed gives way to a
-new one.  A call that fails (the connection dropped, a timeout, or it was
+The store closes an idle line (its connection goes back to the kept
+ones); a line whose connection closed under it gives way to a new one.  A
+call that fails (the connection dropped, a timeout, or it was
 cancelled before it read all its replies) breaks the line: its connection is closed,
 and every call behind it fails as well (``LineBroken``, a connection error):
 what they wrote may or may not have run, and the worker machine sends them

@@ -394,8 +394,8 @@ class RedisStore(ScriptedStore):
 
     async def _send_on_line(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """``commands`` in one round trip on the line (``line.Line``): behind
-        the calls on it before, on one connection, which the line keeps
-        between calls.  A call alone on a line that broke under it goes again
+        the calls on it before, on one connection, which goes back to the
+        kept ones once the line is idle.  A call alone on a line that broke under it goes again
         as ``_send_on_own_connection`` would (the connection's retry), since
         nothing behind it depends on it."""
         line, stale = self._line, None
@@ -419,10 +419,15 @@ class RedisStore(ScriptedStore):
                 raise
             return await self._send_on_own_connection(commands)
         finally:
-            if line.broken is not None and not line.callers:
+            if not line.callers:
+                # (idle: its connection goes back to the kept ones, as a
+                # call's own would; a line kept open held a connection out of
+                # the pool for the store's life)
                 if self._line is line:
                     self._line = None
-                stale, line.connection = line.connection, None
+                connection, line.connection = line.connection, None
+                if connection is not None:
+                    await self._put_back(connection, closed=line.broken is not None)
             if stale is not None:
                 await self._put_back(stale, closed=True)
 
