@@ -56,13 +56,6 @@ class Line:
         self.connection = connection
         self._opened.set()
 
-    @property
-    def usable(self) -> bool:
-        """Whether its connection is open (or still opening), and it is not broken."""
-        connection = self.connection
-        opening = connection is None and not self._opened.is_set()
-        return self.broken is None and (opening or bool(connection and connection.is_connected))
-
     def fail(self, error: BaseException) -> None:
         """The line could not be opened, or broke: its calls fail."""
         if self.broken is None:

@@ -398,10 +398,7 @@ class RedisStore(ScriptedStore):
         kept ones once the line is idle.  A call alone on a line that broke under it goes again
         as ``_send_on_own_connection`` would (the connection's retry), since
         nothing behind it depends on it."""
-        line, stale = self._line, None
-        if line is not None and not line.callers and not line.usable:
-            # (idle, and its connection closed meanwhile: a new line)
-            stale, line.connection, line = line.connection, None, None
+        line = self._line
         if line is None or line.broken is not None:
             line = self._line = Line()
             try:
@@ -428,8 +425,6 @@ class RedisStore(ScriptedStore):
                 connection, line.connection = line.connection, None
                 if connection is not None:
                     await self._put_back(connection, closed=line.broken is not None)
-            if stale is not None:
-                await self._put_back(stale, closed=True)
 
     async def _kept_connection(self) -> Any:
         """A connection for script calls: a kept one (checked as the pool
