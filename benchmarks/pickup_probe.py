@@ -237,6 +237,7 @@ def instrument(store: Any) -> Counter[str]:
         setattr(store, name, wrapper)
 
     wrap("run_calls", lambda calls_: "+".join(call.name for call in calls_))
+    wrap("run_calls_in_order", lambda calls_: "+".join(call.name for call in calls_))
     wrap("read_blocking", lambda *a, **k: "blocked read")
     wrap("acknowledge", lambda stream, ids: f"ack {stream.rsplit(':', 1)[-1]}")
     wrap("strike_entries", lambda after: "strike entries")

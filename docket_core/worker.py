@@ -51,7 +51,15 @@ from .health import Health, HealthState, close_healthcheck, serve_healthcheck, s
 from .perpetual import first_run
 from .running import Runner, decode, frozen_heap, loop_options
 from .sansio.admission import Blocked, blocked_message
-from .sansio.effects import CancelTask, Effect, Read, SeedPerpetuals, StartTask, StoreEffect
+from .sansio.effects import (
+    BatchTurn,
+    CancelTask,
+    Effect,
+    Read,
+    SeedPerpetuals,
+    StartTask,
+    StoreEffect,
+)
 from .sansio.errors import StoreError, StoreUnavailable, UsageError
 from .sansio.flight import Count
 from .sansio.inputs import (
@@ -527,11 +535,12 @@ class Worker:
 
     async def _flush(self, rounds: int | None = None) -> None:
         """Carry out the machine's effects until it has none (or for
-        ``rounds`` rounds), a round's store effects in one call; one flush at
-        a time.  A batch goes out from a sender (``_sender``) where the
-        machine may have two out, unless it holds the claim of runs that
-        start with it, or the reader flushes its pickup: the flush then waits
-        for its reply."""
+        ``rounds`` rounds, the reader's pickup), a round's store effects in
+        one call; one flush at a time.  A round's batch goes out when the
+        machine's ``batch_turn`` says: beside the batches out, from a sender
+        (``_sender``, where the machine may have two out and the flusher
+        goes on), or before the runs that start with it, once the batches
+        ahead of it are answered where the turn is ``ALONE``."""
         machine = self._machine
         assert machine is not None
         self._flushing = True
@@ -542,51 +551,46 @@ class Worker:
                     break
                 if rounds is not None:
                     rounds -= 1
+                turn = machine.batch_turn
                 store: list[StoreEffect] = []
-                read_handed = starts = False
+                read_handed = False
                 for effect in effects:
                     if isinstance(effect, StoreEffect):
                         store.append(effect)
                     else:
-                        kind = type(effect)
-                        read_handed = read_handed or kind is Read
-                        starts = starts or kind is StartTask
-                if store and self._written < self._batches:
+                        read_handed = read_handed or type(effect) is Read
+                if store:
                     # a batch handed out before is not on the wire yet: this
                     # one goes after it, and no run of this one starts first
                     while self._written < self._batches:
                         await self._turn()
-                if store and starts and rounds is not None:
-                    # an idle worker's pickup: its claim waits for no batch
-                    # ahead of it on the server, so a cancel sent once the
-                    # run started finds the claim done (the race of a run
-                    # started beside its claim stays one round trip wide)
-                    while self._answered < self._batches:
-                        await self._turn()
+                    if turn is BatchTurn.ALONE:
+                        while self._answered < self._batches:
+                            await self._turn()
                 for effect in effects:
                     if not isinstance(effect, StoreEffect):
                         self._run_effect(effect)
-                if store:
-                    batch = self._batches
-                    self._batches += 1
-                    if rounds is None and not starts and machine.config.batches_in_flight > 1:
+                if not store:
+                    continue
+                batch = self._batches
+                self._batches += 1
+                if turn is BatchTurn.BESIDE:
+                    if rounds is None and machine.config.batches_in_flight > 1:
                         # (the store keeps the order of this worker's
                         # batches: this one goes out from a sender, beside
-                        # the one out, and the flusher goes on; not a batch
-                        # that holds the claim of runs that start with it,
-                        # which goes out before they get a turn, below)
+                        # the one out, and the flusher goes on)
                         self._outgoing.append((store, batch))
                         self._outgoing_ready.set()
                         continue
-                    if read_handed and not starts:
+                    if read_handed:
                         # the reader sends its read before this batch goes
                         # out: the server answers it first, and the next
                         # deliveries are prepared while it works on the
-                        # batch.  (Not when the batch holds the claim of runs
-                        # that start with it: the claim goes out before they
-                        # get a turn, so a run sees its key running.)
+                        # batch.  (Not before the claim of runs that start
+                        # with it: it goes out before they get a turn, so a
+                        # run sees its key running.)
                         await anyio.lowlevel.checkpoint()
-                    await self._send(store, batch)
+                await self._send(store, batch)
         finally:
             self._flushing = False
             flushed, self._flushed = self._flushed, None

@@ -69,8 +69,10 @@ from docket_core.sansio.admission_state import DebounceState
 from docket_core.sansio.decisions import plan_add
 from docket_core.sansio.effects import (
     AcquireSlot,
+    BatchTurn,
     Cancel,
     CancelTask,
+    Claim,
     ConfirmSlot,
     Effect,
     Enlist,
@@ -159,6 +161,17 @@ class InvariantViolated(AssertionError):
     pass
 
 
+def claimed_deliveries(effects: Sequence[StoreEffect]) -> Iterator[str]:
+    """The deliveries that ``effects`` claim (a claim, or a step that claims)."""
+    for effect in effects:
+        if isinstance(effect, Claim):
+            yield from (item.delivery_id for item in effect.items)
+        elif isinstance(effect, SlotStep):
+            yield from (take.delivery_id for take in effect.takes)
+        elif isinstance(effect, Admit | AcquireSlot | TakeSlot):
+            yield effect.delivery_id
+
+
 def drive(coroutine: Coroutine[Any, Any, Any]) -> Any:
     """Run a memory-store coroutine that never suspends to its result."""
     try:
@@ -195,6 +208,8 @@ class SimWorker:
     delayed: list[Delivery] = attrs.field(factory=list)
     #: batches sent whose replies the worker has not heard yet, in order
     out: list[Sent] = attrs.field(factory=list)
+    #: the deliveries a sent claim (or claiming step) named
+    claimed: set[str] = attrs.field(factory=set)
     alive: bool = True
 
 
@@ -311,7 +326,14 @@ class Simulation:
         machine = worker.machine
         while True:
             effects = machine.effects()
-            store = self.runtime_effects(worker, effects)
+            store = [effect for effect in effects if isinstance(effect, StoreEffect)]
+            if store and machine.batch_turn is BatchTurn.ALONE and worker.out:
+                # (the runtime writes it once the batches ahead are answered)
+                if not self.hear(worker):
+                    return
+            if store and not lose:
+                worker.claimed.update(claimed_deliveries(store))
+            self.runtime_effects(worker, effects)
             if store:
                 if lose:
                     self.crash(worker)  # the batch never reached the store
@@ -320,7 +342,7 @@ class Simulation:
                     return
                 if (
                     self.faults
-                    and len(worker.out) < machine.config.batches_in_flight
+                    and len(worker.out) <= machine.config.batches_in_flight
                     and self.rng.random() < 0.5
                 ):
                     return  # its reply comes later: the worker goes on meanwhile
@@ -423,6 +445,10 @@ class Simulation:
             assert worker.read is None, "the machine asked for a second read at once"
             worker.read = effect
         elif isinstance(effect, StartTask):
+            # a run starts with its claim on the wire, or after its verdict
+            assert effect.delivery_id in worker.claimed, (
+                f"{worker.name} started {effect.delivery_id} before sending its claim"
+            )
             duration = self.rng.choice([0.05, 0.2, 1.0, 3.0, 12.0])
             outcome = TaskOutcome.FAILED if self.rng.random() < 0.2 else TaskOutcome.SUCCEEDED
             worker.running[effect.delivery_id] = (self.clock(worker) + duration, outcome)

@@ -60,6 +60,22 @@ class RuntimeEffect(Effect):
     __slots__ = ()
 
 
+class BatchTurn(Symbol):
+    """When the runtime writes the batch of store effects that a worker
+    machine's ``effects()`` handed out (``WorkerMachine.batch_turn``), against
+    the batches it handed out before (written first, always) and the runs
+    handed out with it."""
+
+    #: whenever: beside the batches out, the runs going on meanwhile
+    BESIDE = "beside"
+    #: before the runs handed out with it get a turn: it holds their claim
+    BEFORE_RUNS = "before runs"
+    #: as ``BEFORE_RUNS``, once every batch ahead of it is answered: an idle
+    #: worker's pickup, so a cancel sent once its run started finds the claim
+    #: done (a claim behind a batch out could meet it first, on the server)
+    ALONE = "alone"
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class Request:
     """The identity of one store effect, for answering its resends.

@@ -14,6 +14,10 @@ first's outcomes, so they commute with it: a delivery's ``Finish`` waits for
 its claim's verdict, a slot's release for its acquisition's); any other
 store has one.
 
+- A run that starts with its claim (``lifecycle``: ``START_EARLY``) is
+  handed out with the batch that holds the claim, never before it; that
+  batch is written before the run gets a turn, and, for an idle worker's
+  pickup, once every batch ahead of it is answered (``BatchTurn``).
 - The floor is the lowest request of a batch out or kept for a resend (or,
   with none, the one after the last answered): a reply to a later batch
   never lets the store forget an earlier one a resend may still need.
@@ -44,7 +48,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from .effects import Effect, Request, StoreEffect
+from .effects import BatchTurn, CancelTask, Effect, Request, StartTask, StoreEffect
 from .inputs import ReplyLost, StoreFailed
 
 #: the longest wait before a resend, in retry delays
@@ -92,6 +96,10 @@ class Outbox:
         self._stopping = False
         #: why the worker must stop: the store refused a batch for good
         self.fatal: str | None = None
+        #: the runs that start with a claim not handed out yet, and the
+        #: turn of that claim's batch
+        self._with_claim: set[str] = set()
+        self._claim_turn = BatchTurn.BESIDE
 
     def request(self) -> Request:
         """The identity of the next remembered effect."""
@@ -196,16 +204,43 @@ class Outbox:
         ``retry_delay`` is given up, not sent for a whole resend window."""
         self._stopping = True
 
-    def hold_back(
-        self, effects: list[Effect], full: bool = False
-    ) -> tuple[list[Effect], list[Effect]]:
-        """Split ``effects`` into what may go out now and what must wait (the
-        store effects, while a resend is pending or the batches out are
-        ``full``)."""
-        if self.resend_at is None and not full:
-            return effects, []
-        out = [e for e in effects if not isinstance(e, StoreEffect)]
-        return out, [e for e in effects if isinstance(e, StoreEffect)]
+    @property
+    def waiting_for_claim(self) -> frozenset[str]:
+        """The runs that start with a claim not handed out yet (held back
+        with it, after ``hand_out``): the runtime does not run them yet."""
+        return frozenset(self._with_claim)
+
+    def starts_with_claim(self, delivery_id: str, idle: bool) -> None:
+        """The run of ``delivery_id`` starts with its claim, among the effects
+        to hand out: it waits for that claim's batch, which goes out before
+        it (``BEFORE_RUNS``), or, where the worker ran nothing before (an
+        idle worker's pickup), once every batch ahead is answered (``ALONE``)."""
+        self._with_claim.add(delivery_id)
+        if self._claim_turn is not BatchTurn.ALONE:
+            self._claim_turn = BatchTurn.ALONE if idle else BatchTurn.BEFORE_RUNS
+
+    def hand_out(self, effects: list[Effect]) -> tuple[list[Effect], list[Effect], BatchTurn]:
+        """Split ``effects`` into what goes out now, what waits (the store
+        effects, while a resend is pending or the batches out are ``full``,
+        and with them the runs that start with a claim among them, and their
+        cancels), and the turn of the batch going out (its store effects)."""
+        with_claim = self._with_claim
+        out: list[Effect] = effects
+        held: list[Effect] = []
+        if self.resend_at is not None or self.full:
+            out = [e for e in effects if not isinstance(e, StoreEffect)]
+            held = [e for e in effects if isinstance(e, StoreEffect)]
+            if held and with_claim:
+                held += [e for e in out if _waits_for_claim(e, with_claim)]
+                out = [e for e in out if not _waits_for_claim(e, with_claim)]
+        store = [effect for effect in out if isinstance(effect, StoreEffect)]
+        turn = BatchTurn.BESIDE
+        if store:
+            self.sent(store)
+            if with_claim:
+                turn, self._claim_turn = self._claim_turn, BatchTurn.BESIDE
+                with_claim.clear()
+        return out, held, turn
 
     def lapsed(self, now: float) -> tuple[StoreEffect, ...]:
         """The failed batch, given up, when its resend comes a resend window
@@ -242,3 +277,12 @@ def _lowest(effects: Sequence[StoreEffect]) -> int | None:
         if request is not None and (low is None or request.seq < low):
             low = request.seq
     return low
+
+
+def _waits_for_claim(effect: Effect, with_claim: set[str]) -> bool:
+    """Whether ``effect`` starts (or cancels) a run whose claim is held."""
+    kind = type(effect)
+    if kind is StartTask or kind is CancelTask:
+        assert isinstance(effect, StartTask | CancelTask)
+        return effect.delivery_id in with_claim
+    return False

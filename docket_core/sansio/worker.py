@@ -43,6 +43,7 @@ from .admission import (
 )
 from .decisions import plan_bury, plan_end, plan_reject
 from .effects import (
+    BatchTurn,
     Claim,
     ClaimItem,
     Effect,
@@ -119,6 +120,8 @@ class WorkerMachine(SlotSteps, LeaseSteps):
         #: run: its end line's arrow (``worker_logs``)
         self.rescheduled = False
         self._effects: list[Effect] = []
+        #: when the runtime writes the batch the last ``effects()`` handed out
+        self.batch_turn = BatchTurn.BESIDE
         self._next_renewal = now + config.renew_interval
         #: the ``now`` of the last renewal the store confirmed (or of a moment
         #: this worker held nothing): no lease of it is older
@@ -228,17 +231,14 @@ class WorkerMachine(SlotSteps, LeaseSteps):
         handed out before.  Store effects are held back while a failed batch
         waits to be sent again, or while as many batches are out as may be
         (``WorkerConfig.batches_in_flight``): the next call after a reply
-        hands them out."""
+        hands them out (and the runs that start with a claim among them).
+        ``batch_turn`` says when the runtime writes the batch."""
         if self.failed is not None:
             self._refuse()
         if self._read_due is not None:
             now, self._read_due = self._read_due, None
             self._maybe_read(now)
-        outbox = self.outbox
-        out, self._effects = outbox.hold_back(self._effects, outbox.full)
-        store = [effect for effect in out if isinstance(effect, StoreEffect)]
-        if store:
-            outbox.sent(store)
+        out, self._effects, self.batch_turn = self.outbox.hand_out(self._effects)
         return out
 
     # -- inputs --------------------------------------------------------------
@@ -420,6 +420,7 @@ class WorkerMachine(SlotSteps, LeaseSteps):
         takes: list[SlotTake] = []
         # (the new leases count from now: fenced no sooner than this)
         self._fence_at = min(self._fence_at, now + self.config.fence_after)
+        idle = not self.in_flight
         for arrival in arrivals:
             delivery = arrival.delivery
             if delivery.delivery_id in self.in_flight:
@@ -480,6 +481,7 @@ class WorkerMachine(SlotSteps, LeaseSteps):
         for flight in starts:  # (the claim goes out first)
             flight.started_at = now
             self.counters[_STARTED] += 1
+            self.outbox.starts_with_claim(flight.delivery_id, idle)
             self._effects.append(StartTask(delivery_id=flight.delivery_id))
 
     def _reject(self, flight: InFlight, arrival: Arrival, now: float) -> None:

@@ -1,14 +1,38 @@
 """A worker machine keeps at most ``batches_in_flight`` batches out, and its
 outbox's floor never passes a batch whose reply may still be resent
 (``sansio.outbox``): a second batch out beside the first, a failure of the
-first with the second still out, a batch lost behind a failed one."""
+first with the second still out, a batch lost behind a failed one.  And it
+says when each batch is written (``BatchTurn``): a run that starts with its
+claim never starts before it."""
 
 from __future__ import annotations
 
 from machines import arrival, deliver, make_machine, of_type
 
-from docket_core.sansio.effects import Claim, Request, StoreEffect
-from docket_core.sansio.inputs import Claimed, ClaimVerdict, ReplyLost, StoreFailed, Tick
+from docket_core.sansio.effects import (
+    BatchTurn,
+    CancelTask,
+    Claim,
+    Effect,
+    Finish,
+    Read,
+    Request,
+    StartTask,
+    StoreEffect,
+)
+from docket_core.sansio.inputs import (
+    Arrival,
+    CancelRequested,
+    Claimed,
+    ClaimVerdict,
+    HeartbeatSent,
+    ReadDone,
+    ReplyLost,
+    StoreFailed,
+    TaskEnded,
+    TaskOutcome,
+    Tick,
+)
 from docket_core.sansio.outbox import Outbox
 from docket_core.sansio.worker import WorkerMachine
 
@@ -128,3 +152,76 @@ def test_the_outbox_counts_batches_answered_out_of_order() -> None:
     assert outbox.out == 1 and outbox.floor == seq(first)
     outbox.replied([first])
     assert outbox.out == 0
+
+
+def reading_machine(batches_in_flight: int) -> WorkerMachine:
+    """A machine that asked for a read at 0.0, its fresh deliveries starting
+    with their claims."""
+    machine = make_machine(batches_in_flight=batches_in_flight, reads=True, redelivery_timeout=40.0)
+    machine.receive(Tick(now=0.0))
+    effects = machine.effects()
+    assert of_type(effects, Read)
+    store = [e for e in effects if isinstance(e, StoreEffect)]
+    # (its first heartbeat is answered: nothing is out)
+    machine.store_replied(store, [HeartbeatSent() for _ in store], 0.0)
+    assert machine.outbox.out == 0
+    return machine
+
+
+def read_done(machine: WorkerMachine, *arrivals: Arrival, now: float = 0.1) -> list[Effect]:
+    machine.receive(ReadDone(arrivals=arrivals, next_due=None, now=now))
+    return [e for e in machine.effects() if not isinstance(e, Read)]
+
+
+def kinds(effects: list[Effect]) -> list[tuple[str, str]]:
+    return [
+        (type(e).__name__, getattr(e, "delivery_id", "") or e.items[0].delivery_id)  # type: ignore[attr-defined]
+        for e in effects
+    ]
+
+
+def test_an_idle_workers_pickup_is_written_once_the_batches_ahead_are_answered() -> None:
+    """An idle worker's claim goes out alone: a cancel sent once its run
+    started finds the claim done, not queued behind a batch on the server."""
+    machine = reading_machine(batches_in_flight=2)
+    assert kinds(read_done(machine, arrival("d1"))) == [("Claim", "d1"), ("StartTask", "d1")]
+    assert machine.batch_turn is BatchTurn.ALONE
+
+
+def test_a_busy_workers_claim_is_written_before_the_runs_it_starts() -> None:
+    machine = reading_machine(batches_in_flight=2)
+    read_done(machine, arrival("d1"))
+    # (d1 runs: the next read's runs start with a claim beside the batch out)
+    assert kinds(read_done(machine, arrival("d2"), now=0.2)) == [
+        ("Claim", "d2"),
+        ("StartTask", "d2"),
+    ]
+    assert machine.batch_turn is BatchTurn.BEFORE_RUNS
+
+
+def test_a_batch_without_a_claim_of_runs_it_starts_goes_beside() -> None:
+    machine = reading_machine(batches_in_flight=2)
+    (claim, _) = read_done(machine, arrival("d1"))
+    machine.receive(TaskEnded(delivery_id="d1", now=0.2, outcome=TaskOutcome.SUCCEEDED))
+    machine.store_replied([claim], [claimed(claim)], 0.3)  # type: ignore[list-item]
+    assert of_type(machine.effects(), Finish)
+    assert machine.batch_turn is BatchTurn.BESIDE
+
+
+def test_a_run_waits_with_its_claim_while_the_batches_out_are_full() -> None:
+    """A read comes back while as many batches are out as may be: its runs
+    that start with their claim wait with it, and a cancel of one waits
+    after it, so no run starts before its claim is on the wire."""
+    machine = reading_machine(batches_in_flight=1)
+    (first, _) = read_done(machine, arrival("d1"))
+    assert machine.outbox.full
+    assert read_done(machine, arrival("d2", key="k2"), now=0.2) == []
+    assert machine.outbox.waiting_for_claim == {"d2"}
+    machine.receive(CancelRequested(key="k2", now=0.3))
+    assert of_type(machine.effects(), CancelTask) == []
+    machine.store_replied([first], [claimed(first)], 0.4)  # type: ignore[list-item]
+    effects = [e for e in machine.effects() if not isinstance(e, Read)]
+    assert kinds(effects) == [("Claim", "d2"), ("StartTask", "d2"), ("CancelTask", "d2")]
+    assert machine.batch_turn is BatchTurn.BEFORE_RUNS
+    assert machine.outbox.waiting_for_claim == frozenset()
+    assert isinstance(effects[1], StartTask)
