@@ -19,7 +19,9 @@ client it prints:
 - the round trips of a pickup: the client's calls by kind (the wrappers),
   and the server's commands within a pickup (``MONITOR``, the scripts' own
   commands left out), over a short phase of its own so MONITOR does not
-  slow the timed one.
+  slow the timed one;
+- the server's time for each script call and command over the timed phase
+  (``SLOWLOG``, every command logged), the median per script by name.
 
 ``--baseline DIR`` compares: DIR mirrors the package layout
 (``DIR/docket_core/worker.py``...), and every module found there replaces
@@ -33,6 +35,7 @@ import argparse
 import asyncio
 import bisect
 import contextlib
+import hashlib
 import importlib.abc
 import importlib.util
 import json
@@ -184,6 +187,43 @@ class Monitor:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+class SlowLog:
+    """The server's time for each command, from ``SLOWLOG`` with every
+    command logged (its setting put back after): the median per script
+    (by name) or command, in microseconds, each script's own commands in."""
+
+    def __init__(self, port: int) -> None:
+        import redis
+
+        self.client = redis.Redis(port=port)
+        self.before = self.client.config_get("slowlog-*")
+        self.client.config_set("slowlog-log-slower-than", 0)
+        self.client.config_set("slowlog-max-len", 100_000)
+        self.client.slowlog_reset()
+
+    def medians(self) -> dict[str, list[float]]:
+        from docket_core.lua import SCRIPTS
+
+        names = {hashlib.sha1(source.encode()).hexdigest(): n for n, source in SCRIPTS.items()}
+        log = self.client.slowlog_get(100_000)
+        for setting, value in self.before.items():
+            self.client.config_set(setting, value)
+        durations: dict[str, list[int]] = {}
+        for entry in log:
+            words = entry["command"].split()
+            name = words[0].decode().upper()
+            if name == "EVALSHA" and len(words) > 1:
+                name = names.get(words[1].decode(), "a script")
+            elif name in ("SLOWLOG", "CONFIG"):
+                continue
+            durations.setdefault(name, []).append(entry["duration"])
+        self.client.close()
+        return {
+            name: [statistics.median(values), len(values)]
+            for name, values in sorted(durations.items(), key=lambda kv: -sum(kv[1]))
+        }
 
 
 # -- module overrides (--baseline) -------------------------------------------------
@@ -355,6 +395,7 @@ async def run_client(args: argparse.Namespace) -> dict[str, Any]:
 
     await phase(args.warmup, 10**6)  # (the first pickups pay for warming up)
     calls.clear()
+    slowlog = SlowLog(args.port) if scheme != "memory" else None
     times = os.times()
     indices = await phase(args.n, 0)
     user = (os.times().user - times.user) / args.n * 1000
@@ -371,6 +412,8 @@ async def run_client(args: argparse.Namespace) -> dict[str, Any]:
         "examples": {label: raw_timeline(i) for label, i in picks.items()},
         "client calls": {what: count / args.n for what, count in sorted(calls.items())},
     }
+    if slowlog is not None:
+        result["server time"] = slowlog.medians()
     result["modules"] = sorted(
         str(getattr(sys.modules.get(name), "__file__", "")) for name in _Override.loaded
     )
@@ -435,6 +478,11 @@ def report(label: str, result: dict[str, Any], verbose: bool) -> None:
         print(
             "   client calls per pickup (one round trip each):",
             ", ".join(f"{k} {v:.2f}" for k, v in result["client calls"].items()),
+        )
+    if result.get("server time"):
+        print(
+            "   server time a call (SLOWLOG, median us; calls): "
+            + ", ".join(f"{k} {m:g} ({n})" for k, (m, n) in list(result["server time"].items())[:8])
         )
     if result.get("server commands"):
         print(

@@ -382,6 +382,9 @@ def render_readme(report: Report, raw: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in sorted(packages.items()))
         + ".",
         "",
+        "Absolute figures move with the machine's load (this one is shared); the ratios, "
+        "taken within one run with the systems interleaved, are what to compare. "
+        "`docket-*` rows run the tuned profile (10 ms intervals, `freeze_gc=True`). "
         "Rates in tasks/s (higher is better), latencies in ms and CPU in µs per task "
         "(lower is better). `+uvloop`: on uvloop's event loop; `+logs`: the worker's "
         "per-task INFO lines on (the CLI's plain format, to a file). Empty: not run for "
