@@ -276,12 +276,67 @@ def instrument(store: Any) -> Counter[str]:
 
         setattr(store, name, wrapper)
 
+    instrument_steps()
     wrap("run_calls", lambda calls_: "+".join(call.name for call in calls_))
     wrap("run_calls_in_order", lambda calls_: "+".join(call.name for call in calls_))
     wrap("read_blocking", lambda *a, **k: "blocked read")
     wrap("acknowledge", lambda stream, ids: f"ack {stream.rsplit(':', 1)[-1]}")
     wrap("strike_entries", lambda after: "strike entries")
     return calls
+
+
+def instrument_steps() -> None:
+    """Mark the worker's steps of a pickup too: the delivery decoded, the
+    core's input and its effects, the run handed to a runner and begun, and
+    (redis-py) each write to a connection."""
+    from docket_core.running import Runner
+    from docket_core.sansio.worker import WorkerMachine
+    from docket_core.worker import Worker
+
+    def steps(owner: Any, name: str, label: str) -> None:
+        original = getattr(owner, name)
+        if getattr(original, "marked", False):
+            return
+
+        def marked(*args: Any, **kwargs: Any) -> Any:
+            mark(f"{label} begins")
+            try:
+                return original(*args, **kwargs)
+            finally:
+                mark(f"{label} done")
+
+        marked.marked = True  # type: ignore[attr-defined]
+        setattr(owner, name, marked)
+
+    steps(Worker, "_arrival", "decode")
+    steps(WorkerMachine, "receive", "core input")
+    steps(WorkerMachine, "effects", "core effects")
+    steps(Runner, "start", "run handed")
+    run = Runner._run
+    if not getattr(run, "marked", False):
+
+        async def begun(self: Any, *args: Any, **kwargs: Any) -> Any:
+            mark("runner begins")
+            return await run(self, *args, **kwargs)
+
+        begun.marked = True  # type: ignore[attr-defined]
+        Runner._run = begun  # type: ignore[method-assign]
+    try:
+        from redis.asyncio.connection import AbstractConnection
+    except ImportError:
+        return
+    send = AbstractConnection.send_packed_command
+    if not getattr(send, "marked", False):
+
+        async def written(self: Any, *args: Any, **kwargs: Any) -> Any:
+            mark("write begins")
+            try:
+                return await send(self, *args, **kwargs)
+            finally:
+                mark("write done")
+
+        written.marked = True  # type: ignore[attr-defined]
+        AbstractConnection.send_packed_command = written  # type: ignore[method-assign]
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
