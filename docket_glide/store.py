@@ -283,7 +283,8 @@ class GlideStore(ScriptedStore):
     def sibling(self, name: str, partitions: int = 1) -> GlideStore:
         """Docket ``name`` on this open store's main client (not owned:
         closing it leaves the client open), sharing its requests in flight;
-        its blocking reads and listeners get clients of their own."""
+        its blocking reads get clients of their own, its listeners share its
+        subscriber."""
         if self.client is None:
             raise UsageError(f"open the store of docket {self.name} before its siblings")
         sibling = GlideStore(
@@ -291,6 +292,7 @@ class GlideStore(ScriptedStore):
         )
         sibling._inflight = self._limiter()
         sibling.signing = self.signing
+        sibling.shares_listeners_with(self)
         return sibling
 
     async def close(self) -> None:

@@ -249,7 +249,7 @@ class RedisStore(ScriptedStore):
 
     def sibling(self, name: str, partitions: int = 1) -> RedisStore:
         """Docket ``name`` on this store's client (not owned: closing it
-        leaves the client open), sharing its command turns."""
+        leaves the client open), sharing its command turns and its subscriber."""
         sibling = RedisStore(
             self.client,
             name=name,
@@ -260,6 +260,7 @@ class RedisStore(ScriptedStore):
         sibling._commands = self._commands
         sibling._callers = self._callers
         sibling.signing = self.signing
+        sibling.shares_listeners_with(self)
         return sibling
 
     async def close(self) -> None:

@@ -189,15 +189,26 @@ class ScriptedStore(abc.ABC):
 
     #: the one pub/sub connection every listener of this store shares
     _fanout: Fanout | None = None
+    #: the store whose connection this one's listeners share instead: a
+    #: sibling's (``sibling``) is the store it came from, on the same client,
+    #: so the partitions of a docket hold one subscriber, not one each
+    _listens_with: ScriptedStore | None = None
 
     def listen(self, channel: str) -> AbstractAsyncContextManager[AsyncIterator[bytes]]:
         """Subscribe to ``channel``; yields message payloads until exited."""
-        if self._fanout is None:
-            self._fanout = Fanout(self.subscriber)
-        return self._fanout.listen(channel)
+        owner = self._listens_with or self
+        if owner._fanout is None:
+            owner._fanout = Fanout(owner.subscriber)
+        return owner._fanout.listen(channel)
+
+    def shares_listeners_with(self, owner: ScriptedStore) -> None:
+        """Listen through ``owner``'s subscriber (a store on its client, which
+        ``owner`` outlives: its ``close`` ends the listeners of both)."""
+        self._listens_with = owner._listens_with or owner
 
     async def close_listeners(self) -> None:
-        """Close the shared subscriber (adapters call it on ``close``)."""
+        """Close the shared subscriber (adapters call it on ``close``); a
+        store that listens through another's leaves it to that one."""
         if self._fanout is not None:
             await self._fanout.aclose()
             self._fanout = None

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -18,6 +19,8 @@ import redis
 from servers import Server, Servers
 
 from docket_core import Docket, Execution, Worker
+from docket_core.lua.base import ScriptedStore
+from docket_core.partitioned import PartitionedStore
 
 pytestmark = pytest.mark.anyio
 
@@ -179,3 +182,40 @@ async def test_listeners_of_a_channel_share_one_subscription(
             await unsubscribed(channel)
     finally:
         admin.close()
+
+
+@pytest.mark.backends(
+    "redis-asyncio", "glide_valkey-asyncio", "redis_cluster-asyncio", "glide_cluster-asyncio"
+)
+async def test_the_partitions_of_a_docket_listen_through_one_subscriber(
+    make_docket: Callable[..., Any], server_for: Callable[[], Servers | None]
+) -> None:
+    """A worker listens for cancellations in every partition of its docket:
+    the partitions' stores share the home store's subscriber, so three
+    partitions open the connections one does (one client, not three)."""
+    server = server_for()
+    assert server is not None
+
+    async def subscriber_connections(partitions: int) -> int:
+        docket = await make_docket(partitions=partitions)
+        adapter = docket.adapter
+        channels = (
+            [part.layout.cancel_channel for part in adapter.parts]
+            if isinstance(adapter, PartitionedStore)
+            else [cast(ScriptedStore, adapter).layout.cancel_channel]
+        )
+        await anyio.sleep(0.3)  # (what opening left behind settles)
+        before = await connected(server)
+        with data_nodes(server) as clients, anyio.fail_after(10):
+            async with adapter.cancellations():
+                while not all(
+                    sum(client.pubsub_numsub(channel)[0][1] for client in clients)
+                    for channel in channels
+                ):
+                    await anyio.sleep(0.02)
+                return await connected(server) - before
+
+    one = await subscriber_connections(1)
+    three = await subscriber_connections(3)
+    assert one >= 1
+    assert three <= one, (one, three)
