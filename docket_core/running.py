@@ -121,6 +121,9 @@ class Runner:
         self.labels: dict[str, dict[str, str]] = {}
         #: the runner tasks waiting for a job, the last one to finish first
         self.idle: list[_Seat] = []
+        #: the runs handed to a runner task that has not begun them yet (a
+        #: ``CancelTask`` for one is kept in ``stops`` until it does)
+        self.waiting: set[str] = set()
         #: function -> whether it is a coroutine function (asked once)
         self._awaitable: dict[Callable[..., Any], bool] = {}
         try:
@@ -151,6 +154,7 @@ class Runner:
         """Run a started delivery's function: hand it to an idle runner task,
         or start one more when every runner is busy."""
         job = (delivery_id, function, execution, headers)
+        self.waiting.add(delivery_id)
         idle = self.idle
         while idle:
             seat = idle.pop()
@@ -214,6 +218,7 @@ class Runner:
         ends the run here; any other exception is the run's failure.
         Returns whether docket cancelled ``scope`` (it is then spent)."""
         delivery_id, function, execution, headers = job
+        self.waiting.discard(delivery_id)
         machine = self.machine
         docket = self.docket
         flight = machine.in_flight[delivery_id]
@@ -258,6 +263,11 @@ class Runner:
         with instrumentation.task_span(execution, headers, labels) as span:
             resolving = True
             try:
+                if delivery_id in self.stops:
+                    # stopped before it began (its start and its stop came
+                    # in one round): it ends cancelled without running
+                    scope.cancel()
+                    await anyio.lowlevel.checkpoint()
                 async with resolve(function, context, self.worker.dependencies) as call:
                     resolving = False
                     try:

@@ -686,6 +686,8 @@ class Worker:
             if scope is not None:
                 self._stops[effect.delivery_id] = effect
                 scope.cancel()
+            elif effect.delivery_id in self._runner.waiting:
+                self._stops[effect.delivery_id] = effect  # (its runner has not begun it)
         elif isinstance(effect, Blocked):
             logger.debug(blocked_message(effect.key, effect.outcome), extra=self._log_extra)
         elif isinstance(effect, Read):

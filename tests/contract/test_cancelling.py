@@ -40,14 +40,18 @@ from docket_core.sansio.effects import (
 )
 from docket_core.sansio.inputs import (
     Cancelled,
+    CancelRequested,
     Claimed,
     ClaimVerdict,
     Finished,
+    Input,
+    ReadDone,
     Scheduled,
     SlotAcquired,
     SlotReleased,
 )
 from docket_core.sansio.values import Delivery, ScheduleMode
+from docket_core.sansio.worker import WorkerMachine
 
 pytestmark = pytest.mark.anyio
 
@@ -159,6 +163,38 @@ async def test_cancel_a_running_execution(docket: Docket, worker: Worker) -> Non
     assert stored is not None
     assert stored.state is ExecutionState.CANCELLED
     assert any(e.get("state") == "cancelled" for e in events)
+
+
+async def test_a_run_stopped_in_the_round_it_starts_never_begins(
+    docket: Docket, worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker hears a cancel of a key after reading its delivery and
+    before its run begins, so the run's start and its stop come in one round
+    of effects (as when a run held back with its claim goes out together
+    with a cancel of it): the run ends cancelled without its function
+    running, where the stop used to find no run yet and be dropped."""
+    ran: list[int] = []
+
+    async def quick() -> None:
+        ran.append(1)
+
+    k = key()
+    receive = WorkerMachine.receive
+
+    def hear_a_cancel_with_the_read(machine: WorkerMachine, event: Input) -> None:
+        receive(machine, event)
+        if isinstance(event, ReadDone) and any(
+            arrival.delivery.message.key == k for arrival in event.arrivals
+        ):
+            receive(machine, CancelRequested(key=k, now=event.now))
+
+    monkeypatch.setattr(WorkerMachine, "receive", hear_a_cancel_with_the_read)
+    await docket.add(quick, key=k)()
+    await finish(worker)
+    assert ran == []
+    assert worker.counters["cancelled"] == 1
+    stored = await docket.get_execution(k)
+    assert stored is not None and stored.state is ExecutionState.CANCELLED
 
 
 async def test_cancel_unknown_key_is_harmless(docket: Docket) -> None:
