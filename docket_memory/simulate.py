@@ -666,12 +666,15 @@ class Simulation:
         running_by_limit: dict[tuple[str, str], int] = {}
         running_generations: set[tuple[str, str, int]] = set()
         for worker in self.live():
-            for delivery_id, (end, outcome) in worker.running.items():
+            for delivery_id, (end, _outcome) in worker.running.items():
                 flight = worker.machine.in_flight.get(delivery_id)
                 if flight is None:
                     continue
-                if outcome is TaskOutcome.CANCELLED and end <= self.clock(worker):
-                    continue  # cancelled at this instant: it stops before anything else
+                if end <= self.clock(worker):
+                    # over by now (cancelled at this instant, or its time ran
+                    # out): it ended before anything else; the step's
+                    # ``finish_due`` tells its machine
+                    continue
                 message = flight.message
                 ident = (worker.docket, message.key, message.generation)
                 if ident in running_generations:
