@@ -65,6 +65,8 @@ class _Machine(Protocol):
     _fence_at: float
     _next_renewal: float
 
+    def holder(self, delivery_id: str) -> str: ...
+
     def _held_slots(self) -> tuple[HeldSlot, ...]: ...
 
     def _maybe_goodbye(self, now: float) -> None: ...
@@ -165,11 +167,30 @@ class LeaseSteps:
         self._maybe_goodbye(now)
 
     def _renewed(self: _Machine, effect: RenewLeases) -> None:
-        self._leases_confirmed_at = max(self._leases_confirmed_at, effect.now)
+        """A renewal answered: the leases it named count from its ``now``.
+        A delivery whose slot it did not name (taken after the renewal was
+        decided) keeps its slot's time, and no lease of this worker counts
+        as younger than the oldest it holds."""
+        covered = {slot.holder for slot in effect.slots}
+        now = oldest = effect.now
         for delivery_id in effect.delivery_ids:
             flight = self.in_flight.get(delivery_id)
-            if flight is not None:
-                flight.renewed_at = max(flight.renewed_at, effect.now)
+            if flight is not None and (flight.slot is None or self.holder(delivery_id) in covered):
+                flight.renewed_at = max(flight.renewed_at, now)
+        for flight in self.in_flight.values():
+            if flight.renewed_at < oldest and flight.phase in lifecycle.HOLDING:
+                oldest = flight.renewed_at
+        self._leases_confirmed_at = max(self._leases_confirmed_at, oldest)
+
+    def _slot_held_from(self: _Machine, flight: InFlight, at: float) -> None:
+        """``flight`` took a slot that the store counts from ``at`` (the step
+        that took it): its leases are no younger than that until a renewal
+        names the slot, and it is fenced by then."""
+        if at < flight.renewed_at:
+            flight.renewed_at = at
+        if at < self._leases_confirmed_at:
+            self._leases_confirmed_at = at
+        self._fence_at = min(self._fence_at, at + self.config.fence_after)
 
     def _fence(self: _Machine, now: float) -> None:
         """Stop every run whose lease this worker could not renew in time

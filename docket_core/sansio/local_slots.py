@@ -184,6 +184,8 @@ class _Machine(Protocol):
 
     def _start(self, flight: InFlight, step: Step, now: float) -> None: ...
 
+    def _slot_held_from(self, flight: InFlight, at: float) -> None: ...
+
     def _recorded(self, effect: StoreEffect, now: float) -> None: ...
 
     def _busy(self, limit_key: str) -> int: ...
@@ -418,6 +420,7 @@ class LocalSlotSteps:
                 continue
             if answer == TAKE_ACQUIRED:
                 flight.slot = take.limit_key
+                self._slot_held_from(flight, effect.now)
                 self._start(flight, Step.CLAIMED, now)  # (a stopped one ends, releasing)
                 continue
             counters[Count.PARKED if answer == TAKE_PARKED else _COUNTS[answer]] += 1

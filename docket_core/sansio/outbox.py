@@ -96,6 +96,8 @@ class Outbox:
         self._stopping = False
         #: why the worker must stop: the store refused a batch for good
         self.fatal: str | None = None
+        #: store effects were held back since the last batch went out
+        self._held = False
         #: the runs that start with a claim not handed out yet, and the
         #: turn of that claim's batch
         self._with_claim: set[str] = set()
@@ -219,11 +221,17 @@ class Outbox:
         if self._claim_turn is not BatchTurn.ALONE:
             self._claim_turn = BatchTurn.ALONE if idle else BatchTurn.BEFORE_RUNS
 
-    def hand_out(self, effects: list[Effect]) -> tuple[list[Effect], list[Effect], BatchTurn]:
+    def hand_out(
+        self, effects: list[Effect], now: float
+    ) -> tuple[list[Effect], list[Effect], BatchTurn]:
         """Split ``effects`` into what goes out now, what waits (the store
         effects, while a resend is pending or the batches out are ``full``,
         and with them the runs that start with a claim among them, and their
-        cancels), and the turn of the batch going out (its store effects)."""
+        cancels), and the turn of the batch going out (its store effects).
+        Store effects that waited go out stamped with ``now`` (the time of
+        the input that let them go), as a resend does: one held through a
+        stalled store must not reach it with the time it was decided (a slot
+        it renews would look stale to other workers by that much)."""
         with_claim = self._with_claim
         out: list[Effect] = effects
         held: list[Effect] = []
@@ -233,6 +241,10 @@ class Outbox:
             if held and with_claim:
                 held += [e for e in out if _waits_for_claim(e, with_claim)]
                 out = [e for e in out if not _waits_for_claim(e, with_claim)]
+            self._held = self._held or bool(held)
+        elif self._held:
+            self._held = False
+            out = [_stamped(e, now) if isinstance(e, StoreEffect) else e for e in effects]
         store = [effect for effect in out if isinstance(effect, StoreEffect)]
         turn = BatchTurn.BESIDE
         if store:
@@ -277,6 +289,13 @@ def _lowest(effects: Sequence[StoreEffect]) -> int | None:
         if request is not None and (low is None or request.seq < low):
             low = request.seq
     return low
+
+
+def _stamped(effect: StoreEffect, now: float) -> StoreEffect:
+    """``effect`` as of ``now``, where it was decided before."""
+    if effect.now >= now:  # type: ignore[attr-defined]
+        return effect
+    return attrs.evolve(effect, now=now)  # type: ignore[misc]
 
 
 def _waits_for_claim(effect: Effect, with_claim: set[str]) -> bool:

@@ -293,7 +293,7 @@ class _Machine(Protocol):
 
     def _take(self, flight: InFlight, now: float) -> TakeSlot: ...
 
-    def _slot(self, outcome: SlotAcquired, now: float) -> None: ...
+    def _slot(self, outcome: SlotAcquired, now: float, taken_at: float) -> None: ...
 
     def _taken(self, effect: TakeSlot, outcome: SlotTaken, now: float) -> None: ...
 
@@ -306,6 +306,8 @@ class _Machine(Protocol):
     def _start(self, flight: InFlight, step: Step, now: float) -> None: ...
 
     def _lease_lost(self, delivery_id: str) -> None: ...
+
+    def _slot_held_from(self, flight: InFlight, at: float) -> None: ...
 
 
 class SlotSteps(LocalSlotSteps):
@@ -320,7 +322,8 @@ class SlotSteps(LocalSlotSteps):
             assert isinstance(effect, SlotStep)
             self._stepped(effect, outcome, now)
         elif isinstance(outcome, SlotAcquired):
-            self._slot(outcome, now)
+            assert isinstance(effect, AcquireSlot)
+            self._slot(outcome, now, effect.now)
         elif isinstance(outcome, SlotTaken) and not self.chains.owns(effect):
             assert isinstance(effect, TakeSlot)
             self._taken(effect, outcome, now)
@@ -373,7 +376,7 @@ class SlotSteps(LocalSlotSteps):
             request=self.outbox.request(),
         )
 
-    def _slot(self: _Machine, outcome: SlotAcquired, now: float) -> None:
+    def _slot(self: _Machine, outcome: SlotAcquired, now: float, taken_at: float) -> None:
         flight = self.in_flight.get(outcome.delivery_id)
         if flight is None:
             return
@@ -385,6 +388,7 @@ class SlotSteps(LocalSlotSteps):
         elif outcome.acquired:
             assert flight.policy.concurrency is not None
             flight.slot = flight.policy.concurrency.limit_key
+            self._slot_held_from(flight, taken_at)
             self._start(flight, Step.SLOT_ACQUIRED, now)
         else:
             self.counters[Count.PARKED] += 1
@@ -401,6 +405,7 @@ class SlotSteps(LocalSlotSteps):
             self._lease_lost(outcome.delivery_id)
         if outcome.acquired:
             flight.slot = effect.limit_key
+            self._slot_held_from(flight, effect.now)
             if flight.phase is not Phase.TAKING:
                 self._start(flight, Step.SLOT_TAKEN, now)  # stopped: ends, releasing
                 return

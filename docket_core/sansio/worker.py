@@ -159,6 +159,9 @@ class WorkerMachine(SlotSteps, LeaseSteps):
         #: when the effects are drained (``effects``), so the runs that end
         #: in one pass of the runtime free their room for one read
         self._read_due: float | None = None
+        #: the ``now`` of the last input or reply (a held batch goes out
+        #: stamped with it)
+        self._now = now
         #: the soonest future message the last read saw
         self._next_due: float | None = None
         #: ``until_finished`` and nothing was left: the worker stops
@@ -238,7 +241,8 @@ class WorkerMachine(SlotSteps, LeaseSteps):
         if self._read_due is not None:
             now, self._read_due = self._read_due, None
             self._maybe_read(now)
-        out, self._effects, self.batch_turn = self.outbox.hand_out(self._effects)
+        hand_out = self.outbox.hand_out
+        out, self._effects, self.batch_turn = hand_out(self._effects, self._now)
         return out
 
     # -- inputs --------------------------------------------------------------
@@ -251,7 +255,7 @@ class WorkerMachine(SlotSteps, LeaseSteps):
             self._receive(event)
             now: float | None = getattr(event, "now", None)
             if now is not None:
-                self._read_due = now
+                self._read_due = self._now = now
                 if self._read_at is not None and now >= self._read_at:
                     self._read_at = None  # (no longer a deadline: the read is due)
         except BaseException as error:
@@ -317,7 +321,7 @@ class WorkerMachine(SlotSteps, LeaseSteps):
         self, effects: Sequence[StoreEffect], outcomes: Sequence[Outcome], now: float
     ) -> None:
         self.outbox.replied(effects)
-        self._read_due = now
+        self._read_due = self._now = now
         for effect, outcome in zip(effects, outcomes, strict=True):
             kind = type(outcome)
             if kind is Finished or kind is Scheduled:

@@ -225,3 +225,21 @@ def test_a_run_waits_with_its_claim_while_the_batches_out_are_full() -> None:
     assert machine.batch_turn is BatchTurn.BEFORE_RUNS
     assert machine.outbox.waiting_for_claim == frozenset()
     assert isinstance(effects[1], StartTask)
+
+
+def test_a_batch_held_back_goes_out_stamped_with_the_time_it_goes() -> None:
+    """Store effects held while the batches out are full go out with the time
+    of the reply that let them go, as a resend does: a store that stalled
+    must not receive them with the time they were decided (a slot or lease
+    they take or renew would look older than it is to other workers)."""
+    machine = make_machine(batches_in_flight=1)
+    first = claims(machine, "d1", now=1.0)
+    assert of_type(deliver(machine, arrival("d2"), now=2.0), Claim) == []
+    machine.store_replied([first], [claimed(first)], 9.0)
+    (second,) = of_type(machine.effects(), Claim)
+    assert [i.delivery_id for i in second.items] == ["d2"]
+    assert second.now == 9.0
+    # (and one that was never held keeps its own time)
+    machine.store_replied([second], [claimed(second)], 9.5)
+    (third,) = of_type(deliver(machine, arrival("d3"), now=9.7), Claim)
+    assert third.now == 9.7

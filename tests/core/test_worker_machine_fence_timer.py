@@ -7,10 +7,19 @@ two runs under a limit of one)."""
 from __future__ import annotations
 
 import pytest
-from machines import LIMIT, UNLIMITED_BATCHES, arrival, of_type, start_limited
+from machines import (
+    LIMIT,
+    UNLIMITED_BATCHES,
+    arrival,
+    deliver,
+    of_type,
+    reply,
+    start_limited,
+    stepped,
+)
 
-from docket_core.sansio.effects import CancelTask, StopReason, StoreEffect
-from docket_core.sansio.inputs import ReplyLost, Tick
+from docket_core.sansio.effects import CancelTask, RenewLeases, StartTask, StopReason, StoreEffect
+from docket_core.sansio.inputs import LeasesRenewed, ReplyLost, Tick
 from docket_core.sansio.values import TaskPolicy
 from docket_core.sansio.worker import WorkerConfig, WorkerMachine
 
@@ -47,3 +56,44 @@ def test_runs_are_fenced_on_time_when_every_batch_is_lost(
             fenced_at = now
     assert fenced_at is not None
     assert fenced_at == pytest.approx(taken_at + config.fence_after)
+
+
+def test_a_slot_taken_under_a_renewal_that_does_not_name_it_is_fenced_from_its_take() -> None:
+    """A renewal decided while a delivery's slot step was out names the
+    delivery but not the slot; answered, it renews the delivery's lease
+    only, and the slot still counts from the step that took it.  The run is
+    fenced ``fence_after`` that step, before another worker may take the
+    slot as stale, not ``fence_after`` the renewal (simulator seed 1017: two
+    runs under a limit of one)."""
+    config = WorkerConfig(
+        name="w1",
+        redelivery_timeout=5.0,
+        heartbeat_interval=2.0,
+        retry_delay=0.5,
+        batches_in_flight=UNLIMITED_BATCHES,  # (its first heartbeat is never answered)
+    )
+    machine = WorkerMachine(config, 0.0)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    (step,) = deliver(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)), now=1.0)
+    machine.receive(Tick(now=1.5))
+    (renewal,) = of_type(machine.effects(), RenewLeases)
+    assert renewal.delivery_ids == ("d1",) and renewal.slots == ()
+    assert of_type(reply(machine, step, stepped(step), now=1.6), StartTask)
+    machine.store_replied([renewal], [LeasesRenewed(lost=(), lost_slots=())], 1.7)
+    assert machine.effects() == []
+
+    now, fenced_at = 1.7, None
+    while fenced_at is None and now < 10.0:
+        deadline = machine.next_deadline()
+        assert deadline is not None
+        now = max(deadline, now)
+        machine.receive(Tick(now=now))
+        effects = machine.effects()
+        batch = tuple(e for e in effects if isinstance(e, StoreEffect))
+        if batch:  # the store answers nothing more
+            machine.receive(ReplyLost(effects=batch, now=now, reason="gone"))
+            effects += machine.effects()
+        if any(stop.reason is StopReason.LEASE_LOST for stop in of_type(effects, CancelTask)):
+            fenced_at = now
+    assert fenced_at == pytest.approx(1.0 + config.fence_after)

@@ -53,9 +53,11 @@ def test_releasing_a_slot_never_acquired_is_caught(monkeypatch: pytest.MonkeyPat
     """The pydocket 0.15 bug: a blocked delivery released the slot anyway."""
     original = WorkerMachine._slot
 
-    def release_when_parked(self: WorkerMachine, outcome: SlotAcquired, now: float) -> None:
+    def release_when_parked(
+        self: WorkerMachine, outcome: SlotAcquired, now: float, taken_at: float
+    ) -> None:
         flight: InFlight | None = self.in_flight.get(outcome.delivery_id)
-        original(self, outcome, now)
+        original(self, outcome, now, taken_at)
         if flight is not None and not outcome.acquired and flight.policy.concurrency:
             self._effects.append(
                 ReleaseSlot(
