@@ -24,6 +24,25 @@ from docket_core.sansio.values import TaskPolicy
 from docket_core.sansio.worker import WorkerConfig, WorkerMachine
 
 
+def fenced_with_no_answer(machine: WorkerMachine, since: float, until: float) -> float:
+    """Tick ``machine`` at its deadlines from ``since``, every batch lost,
+    until it stops a run for its lease; when it did."""
+    now = since
+    while now < until:
+        deadline = machine.next_deadline()
+        assert deadline is not None
+        now = max(deadline, now)
+        machine.receive(Tick(now=now))
+        effects = machine.effects()
+        batch = tuple(e for e in effects if isinstance(e, StoreEffect))
+        if batch:  # the store never answers
+            machine.receive(ReplyLost(effects=batch, now=now, reason="gone"))
+            effects += machine.effects()
+        if any(stop.reason is StopReason.LEASE_LOST for stop in of_type(effects, CancelTask)):
+            return now
+    raise AssertionError(f"no run was fenced by {until}")
+
+
 @pytest.mark.parametrize("taken_at", [0.0, 0.3, 0.6, 1.0, 1.2, 2.9])
 @pytest.mark.parametrize("retry_delay", [0.05, 0.5, 2.0])
 def test_runs_are_fenced_on_time_when_every_batch_is_lost(
@@ -41,20 +60,7 @@ def test_runs_are_fenced_on_time_when_every_batch_is_lost(
     machine.effects()
     start_limited(machine, arrival("d1", policy=TaskPolicy(concurrency=LIMIT)), now=taken_at)
 
-    now, fenced_at = taken_at, None
-    while fenced_at is None and now < taken_at + config.redelivery_timeout:
-        deadline = machine.next_deadline()
-        assert deadline is not None
-        now = max(deadline, now)
-        machine.receive(Tick(now=now))
-        effects = machine.effects()
-        batch = tuple(e for e in effects if isinstance(e, StoreEffect))
-        if batch:  # the store never answers
-            machine.receive(ReplyLost(effects=batch, now=now, reason="gone"))
-            effects += machine.effects()
-        if any(stop.reason is StopReason.LEASE_LOST for stop in of_type(effects, CancelTask)):
-            fenced_at = now
-    assert fenced_at is not None
+    fenced_at = fenced_with_no_answer(machine, taken_at, taken_at + config.redelivery_timeout)
     assert fenced_at == pytest.approx(taken_at + config.fence_after)
 
 
@@ -83,17 +89,4 @@ def test_a_slot_taken_under_a_renewal_that_does_not_name_it_is_fenced_from_its_t
     machine.store_replied([renewal], [LeasesRenewed(lost=(), lost_slots=())], 1.7)
     assert machine.effects() == []
 
-    now, fenced_at = 1.7, None
-    while fenced_at is None and now < 10.0:
-        deadline = machine.next_deadline()
-        assert deadline is not None
-        now = max(deadline, now)
-        machine.receive(Tick(now=now))
-        effects = machine.effects()
-        batch = tuple(e for e in effects if isinstance(e, StoreEffect))
-        if batch:  # the store answers nothing more
-            machine.receive(ReplyLost(effects=batch, now=now, reason="gone"))
-            effects += machine.effects()
-        if any(stop.reason is StopReason.LEASE_LOST for stop in of_type(effects, CancelTask)):
-            fenced_at = now
-    assert fenced_at == pytest.approx(1.0 + config.fence_after)
+    assert fenced_with_no_answer(machine, 1.7, 10.0) == pytest.approx(1.0 + config.fence_after)
