@@ -13,6 +13,9 @@ never starts.
 A renewal the store does not answer confirms nothing: once this worker's
 last confirmed renewal is ``fence_after`` old, it stops those runs itself
 (``_fence``), a renewal interval before another worker may take them over.
+A renewal confirms only what it names: a slot taken by a step that was out
+when the renewal was decided counts from that step (``_slot_held_from``),
+as the store counts it, until a renewal names it.
 A batch the store never answered within the resend window is given up
 (``_give_up``): its deliveries are left to the store, which hands them out
 again once their leases lapse; a run that started with its claim
