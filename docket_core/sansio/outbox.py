@@ -273,8 +273,7 @@ class Outbox:
         if self.resend_at is None or now < self.resend_at:
             return None
         effects = [
-            attrs.evolve(e, now=now) if isinstance(e, StoreEffect) else e  # type: ignore[misc]
-            for e in (*self._failed, *held)
+            _stamped(e, now) if isinstance(e, StoreEffect) else e for e in (*self._failed, *held)
         ]
         self._failed = []
         self.resend_at = None
@@ -292,8 +291,8 @@ def _lowest(effects: Sequence[StoreEffect]) -> int | None:
 
 
 def _stamped(effect: StoreEffect, now: float) -> StoreEffect:
-    """``effect`` as of ``now``, where it was decided before."""
-    if effect.now >= now:  # type: ignore[attr-defined]
+    """``effect`` as of ``now`` (a resend's, or a held batch's, time)."""
+    if effect.now == now:  # type: ignore[attr-defined]
         return effect
     return attrs.evolve(effect, now=now)  # type: ignore[misc]
 
