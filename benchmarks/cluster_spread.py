@@ -19,6 +19,11 @@ partition count and worker count (interleaved: P=1, P=3, P=1, ...):
   round trips of the Lua scripts, batched), and the servers' CPU
   (``used_cpu_sys + used_cpu_user``, summed over the primaries) per task.
 
+``--pin`` puts the servers on the machine's last CPU and the workers (with
+GLIDE's threads) on the others, as where the shards run on machines of their
+own: on a 2-CPU machine, one worker then no longer shares its CPU with three
+servers woken side by side.
+
 The medians of the runs are printed as a markdown table, with each partition
 count's drain rate against the smallest count's, paired run by run, and
 written to ``benchmarks/results/cluster_spread.md`` (``--out`` to change it).
@@ -107,6 +112,25 @@ def server_cpu(port: int) -> float:
     return float(fields["used_cpu_sys"]) + float(fields["used_cpu_user"])
 
 
+def server_cpus() -> set[int]:
+    """``--pin``: the CPU the servers share, the machine's last."""
+    return {max(os.sched_getaffinity(0))}
+
+
+def worker_cpus() -> set[int]:
+    """``--pin``: the CPUs the workers share, all but the servers'."""
+    return os.sched_getaffinity(0) - server_cpus()
+
+
+def pin_servers(cluster: Cluster) -> None:
+    if not worker_cpus():
+        raise SystemExit("--pin needs two CPUs or more")
+    for node in cluster.nodes:
+        assert node.process is not None
+        for thread in os.listdir(f"/proc/{node.process.pid}/task"):  # (its threads too)
+            os.sched_setaffinity(int(thread), server_cpus())
+
+
 # -- one drain ----------------------------------------------------------------------------
 
 
@@ -151,6 +175,9 @@ def spawn_workers(
                 text=True,
             )
         )
+    if args.pin:
+        for process in workers:
+            os.sched_setaffinity(process.pid, worker_cpus())
     try:
         for process in workers:
             assert process.stdout is not None
@@ -269,6 +296,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a drain may take")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cluster_spread.md"))
     parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="servers on the last CPU, workers on the others (needs 2 CPUs or more)",
+    )
+    parser.add_argument(
         "--worker",
         nargs=4,
         metavar=("URL", "NAME", "PARTITIONS", "CONCURRENCY"),
@@ -289,6 +321,8 @@ def main() -> None:
     before = load()
     print(f"load before: {before}", flush=True)
     cluster = Cluster(server, cli).start()
+    if args.pin:
+        pin_servers(cluster)
     rows: dict[tuple[str, int, int], list[Drain]] = {}
     started = time.monotonic()
     try:
@@ -313,10 +347,11 @@ def main() -> None:
         cluster.cleanup()
     after = load()
     ordered = dict(sorted(rows.items()))
+    pinned = "; servers pinned to one CPU, workers to the others" if args.pin else ""
     report = (
         f"N={args.tasks:,} no-op tasks, worker concurrency {args.concurrency}, median of "
         f"{args.repeat} interleaved runs, a private 3-primary Valkey cluster on this machine "
-        f"({os.cpu_count()} CPUs).\n\n{table(ordered)}\n\n"
+        f"({os.cpu_count()} CPUs{pinned}).\n\n{table(ordered)}\n\n"
         f"{ratios(ordered, min(partition_counts))}\n\n"
         f"Load before: `{before}`  \nLoad after: `{after}`\n"
     )

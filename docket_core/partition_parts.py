@@ -10,7 +10,8 @@
   ``PartitionedStore`` runs it on open with N partitions, ``Docket`` with
   one; ``finish_leaving`` seals what a change that died left open.
 - ``spanning_limits``: a task's policy with its unscoped concurrency limit
-  scoped to the docket's name, so it spans the partitions (docs/cluster.md,
+  and admission controls (``Debounce``, ``Cooldown``, ``RateLimit``) scoped
+  to the docket's name, so each spans the partitions (docs/cluster.md,
   section 5).
 """
 
@@ -128,10 +129,17 @@ async def _on_each(
 
 
 def spanning_limits(policy: TaskPolicy, name: str) -> TaskPolicy:
-    """``policy`` with an unscoped concurrency limit scoped to ``name``: on a
-    partitioned docket, the limit's slots live in ``{name}`` and it takes the
-    scoped chain, so one limit spans every partition."""
+    """``policy`` with an unscoped concurrency limit and unscoped admission
+    controls scoped to ``name``: on a partitioned docket, their state lives in
+    ``{name}`` and they take the scoped chain, so each spans every partition
+    (a ``RateLimit(10, per=minute)`` admits 10 a minute, not 10 a partition)."""
     limit = policy.concurrency
-    if limit is None or limit.scope is not None:
-        return policy
-    return attrs.evolve(policy, concurrency=attrs.evolve(limit, scope=name))
+    if limit is not None and limit.scope is None:
+        policy = attrs.evolve(policy, concurrency=attrs.evolve(limit, scope=name))
+    if any(control.scope is None for control in policy.admission):
+        admission = tuple(
+            control if control.scope is not None else attrs.evolve(control, scope=name)
+            for control in policy.admission
+        )
+        policy = attrs.evolve(policy, admission=admission)
+    return policy

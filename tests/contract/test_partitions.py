@@ -16,7 +16,7 @@ import pytest
 from helpers import finish, make_worker, running
 from servers import Cluster, Servers, command
 
-from docket_core import ConcurrencyLimit, Docket, ExecutionState, Worker
+from docket_core import ConcurrencyLimit, Cooldown, Docket, ExecutionState, RateLimit, Worker
 from docket_core.lua.base import ScriptedStore
 from docket_core.partitioned import PartitionedStore
 from docket_core.sansio.effects import Heartbeat
@@ -116,6 +116,34 @@ async def test_a_concurrency_limit_spans_the_partitions(make_docket: MakeDocket)
                 group.start_soon(make_worker(docket, concurrency=5).run_until_finished)
     assert done == 12
     assert peak == 2, f"peak {peak}: the limit must hold across partitions"
+
+
+async def test_a_rate_limit_and_a_cooldown_span_the_partitions(make_docket: MakeDocket) -> None:
+    """Unscoped controls count the docket's tasks, not each partition's: with
+    keys in all three partitions, one start a window and the rest dropped."""
+    docket = await make_docket(partitions=3)
+    rated: list[str] = []
+    cooled: list[str] = []
+
+    async def rated_task(
+        value: str, limit: RateLimit = RateLimit(1, per=timedelta(seconds=60), drop=True)
+    ) -> None:
+        rated.append(value)
+
+    async def cooled_task(value: str, cooldown: Cooldown = Cooldown(timedelta(seconds=60))) -> None:
+        cooled.append(value)
+
+    docket.register(rated_task)
+    docket.register(cooled_task)
+    keys = KEYS[:9]
+    assert {partition_of(key, 3) for key in keys} == {0, 1, 2}
+    for key in keys:
+        await docket.add(rated_task, key=f"r-{key}")(key)
+        await docket.add(cooled_task, key=f"c-{key}")(key)
+    assert {partition_of(f"{prefix}-{key}", 3) for key in keys for prefix in "rc"} == {0, 1, 2}
+    await finish(make_worker(docket, concurrency=4), limit=20)
+    assert len(rated) == 1, f"{rated}: the rate limit must hold across partitions"
+    assert len(cooled) == 1, f"{cooled}: the cooldown must hold across partitions"
 
 
 async def test_snapshot_clear_and_strikes_across_partitions(make_docket: MakeDocket) -> None:
