@@ -115,10 +115,9 @@ class WorkerMachine(SlotSteps, LeaseSteps):
         self.config = config
         self.in_flight: dict[str, InFlight] = {}
         self.counters: Counter[Count] = Counter()
-        #: whether the last ``TaskEnded`` led (or, for a run that started with
-        #: its claim, leads once claimed) to a retry or a perpetual task's next
-        #: run: its end line's arrow (``worker_logs``)
-        self.rescheduled = False
+        self._rescheduled = False
+        #: an early run's end whose plan ``rescheduled`` works out when asked
+        self._rescheduled_if: tuple[InFlight, TaskEnded, bool] | None = None
         self._effects: list[Effect] = []
         #: when the runtime writes the batch the last ``effects()`` handed out
         self.batch_turn = BatchTurn.BESIDE
@@ -595,15 +594,15 @@ class WorkerMachine(SlotSteps, LeaseSteps):
             self._timeouts -= 1
             flight.deadline = None
         phase = flight.phase
-        self.rescheduled = False
+        self._rescheduled, self._rescheduled_if = False, None
         if phase in _EARLY:
             # started with its claim: the end waits for the verdict; what it
-            # will lead to once claimed is known now (for the end's log line)
+            # will lead to once claimed is planned then (``rescheduled`` plans
+            # it now, for the end's log line, only if asked)
             cancelled = phase is not _EARLY_RUNNING
             flight.phase = lifecycle.advance(phase, Step.ENDED)
             flight.ended = event
-            planned = self._plan(flight, event, event.outcome, event.error, cancelled)
-            self.rescheduled = isinstance(planned, Schedule)
+            self._rescheduled_if = (flight, event, cancelled)
             return
         release = self._release(flight, event.now)
         if phase is Phase.ABANDONING:
@@ -637,12 +636,25 @@ class WorkerMachine(SlotSteps, LeaseSteps):
         elif isinstance(effect, Schedule):
             retrying = effect.message.attempt > flight.message.attempt
             self.counters[Count.RETRIED if retrying else Count.PERPETUATED] += 1
-            self.rescheduled = True
+            self._rescheduled = True
         else:
             self.counters[_ENDED[outcome]] += 1
         # the outcome first, then the release (same round trip): a waiter woken
         # by the release then sees this run's record already concluded
         self._send_end(effect, release, event.now)
+
+    @property
+    def rescheduled(self) -> bool:
+        """Whether the last ``TaskEnded`` led (or, for a run that started
+        with its claim, leads once claimed) to a retry or a perpetual task's
+        next run: its end line's arrow (``worker_logs``).  Asked right after
+        that ``receive``."""
+        pending = self._rescheduled_if
+        if pending is not None:
+            flight, event, cancelled = pending
+            planned = self._plan(flight, event, event.outcome, event.error, cancelled)
+            self._rescheduled, self._rescheduled_if = isinstance(planned, Schedule), None
+        return self._rescheduled
 
     def _plan(
         self,
