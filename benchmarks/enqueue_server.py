@@ -13,7 +13,10 @@ interleaved: each round runs both clients, which one first alternating; the
 medians close the report, with GLIDE's enqueue time over redis-py's (the
 harness's ratio) and each round's own ratio.  ``--inline`` runs everything
 in this process instead; ``--profile FILE`` writes a cProfile of one GLIDE
-run.
+run.  ``--bare`` times the clients without docket: the same number of
+sequential ``EVALSHA`` calls of ``return 1`` (with ``--spin N``, of a loop
+of N additions, to give the server work), through redis-py and through GLIDE,
+so docket's own share of the GLIDE/redis-py gap shows beside the clients'.
 """
 
 from __future__ import annotations
@@ -58,10 +61,57 @@ async def one_run(url: str, tasks: int) -> dict[str, float]:
         }
 
 
-def run(url: str, tasks: int, backend: str, inline: bool) -> dict[str, float]:
+#: ``--bare``'s script: ``return 1`` when ARGV[1] is 0, else a loop of ARGV[1] additions
+BARE_SCRIPT = "local x = 0 for i = 1, tonumber(ARGV[1]) do x = x + i end return 1"
+
+
+async def bare_run(url: str, tasks: int, spin: int) -> dict[str, float]:
+    """``one_run``'s figures for ``tasks`` sequential ``EVALSHA`` calls of the
+    client alone (no docket): redis-py's ``evalsha``, GLIDE's ``invoke_script``."""
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    arg = str(spin)
+    if url.startswith("glide"):
+        from glide import GlideClient, GlideClientConfiguration, NodeAddress, Script
+
+        client = await GlideClient.create(
+            GlideClientConfiguration([NodeAddress("127.0.0.1", port)])
+        )
+        script = Script(BARE_SCRIPT)
+
+        async def call() -> None:
+            await client.invoke_script(script, keys=["k"], args=[arg])
+
+    else:
+        import redis.asyncio
+
+        connection = redis.asyncio.Redis(port=port)
+        sha = await connection.script_load(BARE_SCRIPT)
+
+        async def call() -> None:
+            await connection.evalsha(sha, 1, "k", arg)
+
+    for _ in range(100):
+        await call()
+    wall, cpu, thread = time.perf_counter(), time.process_time(), time.thread_time()
+    for _ in range(tasks):
+        await call()
+    return {
+        "wall": time.perf_counter() - wall,
+        "cpu": time.process_time() - cpu,
+        "thread": time.thread_time() - thread,
+    }
+
+
+def run(
+    url: str, tasks: int, backend: str, inline: bool, bare: int | None = None
+) -> dict[str, float]:
     if inline:
+        if bare is not None:
+            return anyio.run(bare_run, url, tasks, bare, **loop_options(backend))
         return anyio.run(one_run, url, tasks, **loop_options(backend))
     command = [sys.executable, __file__, "--one", url, "--tasks", str(tasks), "--backend", backend]
+    if bare is not None:
+        command += ["--bare", "--spin", str(bare)]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
@@ -75,10 +125,16 @@ def main() -> None:
     parser.add_argument("--server", default="redis-server", help="the server binary to start")
     parser.add_argument("--inline", action="store_true", help="every run in this process")
     parser.add_argument("--profile", help="write a cProfile of one GLIDE run to this file")
+    parser.add_argument("--bare", action="store_true", help="the clients alone, no docket")
+    parser.add_argument("--spin", type=int, default=0, help="--bare: additions the script loops")
     parser.add_argument("--one", metavar="URL", help=argparse.SUPPRESS)  # a run's own process
     args = parser.parse_args()
+    bare = args.spin if args.bare else None
     if args.one:
-        result = anyio.run(one_run, args.one, args.tasks, **loop_options(args.backend))
+        if bare is not None:
+            result = anyio.run(bare_run, args.one, args.tasks, bare, **loop_options(args.backend))
+        else:
+            result = anyio.run(one_run, args.one, args.tasks, **loop_options(args.backend))
         print(json.dumps(result))
         return
     with private_server(args.server) as port:
@@ -91,7 +147,8 @@ def main() -> None:
             profiler.dump_stats(args.profile)
             return
         where = "in this process" if args.inline else "a process each"
-        print(f"{args.tasks} sequential adds per run on {args.server} ({args.backend}, {where})")
+        what = "adds" if bare is None else f"bare EVALSHA calls (spin {bare})"
+        print(f"{args.tasks} sequential {what} per run on {args.server} ({args.backend}, {where})")
         header = ("round", 5), ("client", 6), ("seconds", 8), ("us/add", 7), ("CPU us/add", 10)
         print(" ".join(f"{title:>{width}}" for title, width in header), f"{'loop':>6}")
         times: dict[str, list[float]] = {client: [] for client in CLIENTS}
@@ -101,7 +158,7 @@ def main() -> None:
             order = CLIENTS if index % 2 else CLIENTS[::-1]
             for client in order:
                 admin.flushall()
-                result = run(urls[client], args.tasks, args.backend, args.inline)
+                result = run(urls[client], args.tasks, args.backend, args.inline, bare)
                 times[client].append(result["wall"])
                 cpus[client].append(result["cpu"] / args.tasks * 1e6)
                 loops[client].append(result["thread"] / args.tasks * 1e6)
