@@ -255,7 +255,11 @@ class Runner:
         metering = instrumentation.metering()
         if metering:
             instrumentation.TASK_PUNCTUALITY.record(max(punctuality, 0.0), labels)
-        line = worker_logs.log_start(execution, self.log_extra, punctuality)
+        # (a run stopped before it began never starts: no start line)
+        stopped_first = delivery_id in self.stops
+        line = (
+            None if stopped_first else worker_logs.log_start(execution, self.log_extra, punctuality)
+        )
         awaitable = self._awaitable.get(function)
         if awaitable is None:
             awaitable = self._awaitable[function] = inspect.iscoroutinefunction(function)
@@ -263,7 +267,7 @@ class Runner:
         with instrumentation.task_span(execution, headers, labels) as span:
             resolving = True
             try:
-                if delivery_id in self.stops:
+                if stopped_first:
                     # stopped before it began (its start and its stop came
                     # in one round): it ends cancelled without running
                     scope.cancel()

@@ -11,6 +11,7 @@ concludes it cancelled instead of running.
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 from typing import Any
@@ -166,13 +167,17 @@ async def test_cancel_a_running_execution(docket: Docket, worker: Worker) -> Non
 
 
 async def test_a_run_stopped_in_the_round_it_starts_never_begins(
-    docket: Docket, worker: Worker, monkeypatch: pytest.MonkeyPatch
+    docket: Docket,
+    worker: Worker,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The worker hears a cancel of a key after reading its delivery and
     before its run begins, so the run's start and its stop come in one round
     of effects (as when a run held back with its claim goes out together
     with a cancel of it): the run ends cancelled without its function
-    running, where the stop used to find no run yet and be dropped."""
+    running, where the stop used to find no run yet and be dropped; and,
+    as it never began, it logs no start line (nor an end line)."""
     ran: list[int] = []
 
     async def quick() -> None:
@@ -190,9 +195,11 @@ async def test_a_run_stopped_in_the_round_it_starts_never_begins(
 
     monkeypatch.setattr(WorkerMachine, "receive", hear_a_cancel_with_the_read)
     await docket.add(quick, key=k)()
-    await finish(worker)
+    with caplog.at_level(logging.INFO, logger="docket.worker"):
+        await finish(worker)
     assert ran == []
     assert worker.counters["cancelled"] == 1
+    assert [r.getMessage() for r in caplog.records if k in r.getMessage()] == []
     stored = await docket.get_execution(k)
     assert stored is not None and stored.state is ExecutionState.CANCELLED
 
