@@ -567,9 +567,12 @@ class Worker:
                     if turn is BatchTurn.ALONE:
                         while self._answered < self._batches:
                             await self._turn()
+                started = False
                 for effect in effects:
                     if not isinstance(effect, StoreEffect):
-                        self._run_effect(effect)
+                        started = self._run_effect(effect) or started
+                if started:  # (a run with a timeout has a deadline now)
+                    self._rearm_timer()
                 if not store:
                     continue
                 batch = self._batches
@@ -674,12 +677,14 @@ class Worker:
         then = "given up" if resend_at is None else f"sent again in {resend_at - now:.3g}s"
         logger.warning("store unavailable (%s); %d effects %s", error, len(effects), then)
 
-    def _run_effect(self, effect: Effect) -> None:
+    def _run_effect(self, effect: Effect) -> bool:
+        """Carry out one runtime effect; whether it started a run (the timer
+        is then rearmed once for the round)."""
         if isinstance(effect, StartTask):
             function, execution, headers = self._calls.pop(effect.delivery_id)
             self._runner.start(effect.delivery_id, function, execution, headers)
-            self._rearm_timer()
-        elif isinstance(effect, SeedPerpetuals):
+            return True
+        if isinstance(effect, SeedPerpetuals):
             self._group.start_soon(self._seed_automatic)
         elif isinstance(effect, CancelTask):
             scope = self._scopes.get(effect.delivery_id)
@@ -693,6 +698,7 @@ class Worker:
         elif isinstance(effect, Read):
             self._read = effect
             self._read_ready.set()
+        return False
 
     async def _timer(self) -> None:
         """Tick the machine at its next deadline; woken early, look again."""
