@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -145,4 +144,5 @@ def uuid7() -> str:
     value = (milliseconds & (2**48 - 1)) << 80 | int.from_bytes(os.urandom(10)) & (2**80 - 1)
     value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
     value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
-    return str(uuid.UUID(int=value))
+    digits = f"{value:032x}"  # (str(uuid.UUID(int=value)), without the object)
+    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"

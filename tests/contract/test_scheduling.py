@@ -201,7 +201,9 @@ async def test_default_keys_are_time_ordered_uuid7(docket: Docket) -> None:
     first = await docket.add(job)()
     await anyio.sleep(0.002)
     second = await docket.add(job)()
-    assert uuid_module.UUID(first.key).version == 7
+    parsed = uuid_module.UUID(first.key)
+    assert parsed.version == 7 and parsed.variant == uuid_module.RFC_4122
+    assert str(parsed) == first.key  # (the canonical spelling)
     assert first.key < second.key
 
 
