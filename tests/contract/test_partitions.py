@@ -16,7 +16,15 @@ import pytest
 from helpers import finish, make_worker, running
 from servers import Cluster, Servers, command
 
-from docket_core import ConcurrencyLimit, Cooldown, Docket, ExecutionState, RateLimit, Worker
+from docket_core import (
+    ConcurrencyLimit,
+    Cooldown,
+    Debounce,
+    Docket,
+    ExecutionState,
+    RateLimit,
+    Worker,
+)
 from docket_core.lua.base import ScriptedStore
 from docket_core.partitioned import PartitionedStore
 from docket_core.sansio.effects import Heartbeat
@@ -144,6 +152,29 @@ async def test_a_rate_limit_and_a_cooldown_span_the_partitions(make_docket: Make
     await finish(make_worker(docket, concurrency=4), limit=20)
     assert len(rated) == 1, f"{rated}: the rate limit must hold across partitions"
     assert len(cooled) == 1, f"{cooled}: the cooldown must hold across partitions"
+
+
+async def test_a_debounce_spans_the_partitions(make_docket: MakeDocket) -> None:
+    """A burst whose keys land in all three partitions runs once, as on one."""
+    docket = await make_docket(partitions=3)
+    runs: list[str] = []
+
+    async def refresh(
+        value: str, debounce: Debounce = Debounce(timedelta(milliseconds=300))
+    ) -> None:
+        runs.append(value)
+
+    docket.register(refresh)
+    keys = KEYS[:6]
+    assert {partition_of(key, 3) for key in keys} == {0, 1, 2}
+    for key in keys:
+        await docket.add(refresh, key=key)(key)
+    await finish(make_worker(docket, concurrency=4), limit=20)
+    assert len(runs) == 1, f"{runs}: the debounce must hold across partitions"
+    states = [(await docket.get_execution(key)) for key in keys]
+    assert sorted(str(s.state) for s in states if s is not None) == sorted(
+        [str(ExecutionState.COMPLETED)] + [str(ExecutionState.CANCELLED)] * 5
+    )
 
 
 async def test_snapshot_clear_and_strikes_across_partitions(make_docket: MakeDocket) -> None:
