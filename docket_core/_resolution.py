@@ -154,6 +154,21 @@ class _Plan:
     logged: Mapping[str, Logged]
     parameters: frozenset[str]
     var_keyword: bool
+    #: every injected dependency is its own value (``_self_injecting``): a
+    #: run fills them in without a ``Run`` (no cache, cleanups or roles)
+    self_injected: bool = False
+
+
+def _self_injecting(dependency: Dependency) -> bool:
+    """Whether ``dependency`` hands the task itself and nothing more: the
+    base ``_inject``, no context manager to enter, no role (as a
+    ``ConcurrencyLimit`` or a ``Cooldown``)."""
+    kind = type(dependency)
+    return (
+        kind._inject is Dependency._inject
+        and not (hasattr(kind, "__aenter__") and hasattr(kind, "__aexit__"))
+        and dependency._role is None
+    )
 
 
 @attrs.frozen(slots=True)
@@ -275,6 +290,7 @@ def _build_plan(function: Callable[..., Any]) -> _Plan:
         logged=logged,
         parameters=frozenset(signature.parameters),
         var_keyword=any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()),
+        self_injected=all(_self_injecting(d) for _, d in injected),
     )
 
 
@@ -607,6 +623,15 @@ class _Resolution(AbstractAsyncContextManager[ResolvedCall]):
         workers = self._worker_dependencies
         if not plan.injected and not workers:
             return ResolvedCall(context.args, context.kwargs, None)
+        if plan.self_injected and not workers:
+            kwargs = context.kwargs
+            given = len(context.args)
+            for item in plan.injected:
+                if item.position >= given and item.name not in kwargs:
+                    if kwargs is context.kwargs:
+                        kwargs = dict(kwargs)
+                    kwargs[item.name] = item.dependency
+            return ResolvedCall(context.args, kwargs, None)
         run = self._run = Run(self._function, context)
         kwargs = dict(context.kwargs)
         given = len(context.args)

@@ -582,6 +582,29 @@ async def test_annotated_concurrency_parameter_is_not_injected() -> None:
     assert await run(task, make_context(args=(9,))[0]) == 9
 
 
+async def test_self_injecting_dependencies_are_handed_to_the_task_as_declared() -> None:
+    """A task whose dependencies are only their own values (limits and
+    admission controls) gets each declared object, unless the caller passed
+    the parameter; the caller's arguments are left as they were given."""
+    declared = ConcurrencyLimit("customer", 2)
+
+    async def task(
+        customer: int,
+        limit: ConcurrencyLimit = declared,
+        cooldown: deps.Cooldown = deps.Cooldown(timedelta(seconds=1)),
+    ) -> tuple[Any, Any]:
+        return limit, cooldown
+
+    kwargs = {"customer": 4}
+    limit, cooldown = await run(task, make_context(kwargs=kwargs)[0])
+    assert isinstance(limit, ConcurrencyLimit) and limit.argument_name == "customer"
+    assert limit.max_concurrent == 2
+    assert isinstance(cooldown, deps.Cooldown)
+    assert kwargs == {"customer": 4}
+    assert await run(task, make_context(args=(4, "mine"))[0]) == ("mine", cooldown)
+    assert await run(task, make_context(kwargs={"customer": 4, "cooldown": 0})[0]) == (limit, 0)
+
+
 def test_concurrency_limit_on_unknown_parameter_fails_each_call() -> None:
     """As in pydocket 0.27: the task registers; each call's policy fails."""
 
