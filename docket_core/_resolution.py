@@ -1,5 +1,6 @@
-"""The machinery behind ``docket_core.dependencies``: per-function plans,
-argument binding, policies and the per-execution resolution of dependencies.
+"""The machinery behind ``docket_core.dependencies``: the ``Dependency``
+base, per-function plans, argument binding and policies (the resolution of
+one execution's dependencies is ``_run_resolution``'s).
 
 Everything that depends only on the function (its signature, its declared
 dependencies, its ``Annotated`` metadata, the static part of its policy) is
@@ -9,28 +10,25 @@ dictionary lookup plus whatever the declared dependencies really need.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import inspect
 import sys
-import time
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from datetime import timedelta
-from types import TracebackType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
 from .annotations import Logged as Logged
 from .annotations import metadata_of
-from .outcomes import AdmissionBlocked, TaskOutcome, blocked_follow_up, overridden
 from .sansio.admission import gate_order
 from .sansio.errors import ForcedRetry as ForcedRetry
 from .sansio.errors import UsageError
 from .sansio.inputs import FollowUp
 from .sansio.values import NO_POLICY, TaskPolicy
+
+if TYPE_CHECKING:
+    from ._run_resolution import Run
 
 current_docket: contextvars.ContextVar[Any] = contextvars.ContextVar("current_docket")
 current_worker: contextvars.ContextVar[Any] = contextvars.ContextVar("current_worker")
@@ -436,285 +434,3 @@ class TaskContext:
     deadline: float | None
     on_deadline_change: Callable[[float], None]
     report_progress: Callable[..., Awaitable[Any]]
-
-
-class Run:
-    """The state of one execution's resolution: caches, cleanups, the
-    per-execution copies that have something to say afterwards, and the
-    extension points found (``roles``: "runtime", "failure", "completion")."""
-
-    __slots__ = (
-        "_arguments",
-        "cache",
-        "context",
-        "follow_ups",
-        "function",
-        "resolving",
-        "roles",
-        "stack",
-    )
-
-    def __init__(self, function: Callable[..., Any], context: TaskContext) -> None:
-        self.function = function
-        self.context = context
-        self.stack = AsyncExitStack()
-        self.cache: dict[object, Any] = {}
-        self.follow_ups: list[Dependency] = []
-        self.roles: dict[str, Any] = {}
-        #: the parameters a ``CallArgument`` is resolving (a cycle would never end)
-        self.resolving: set[str] = set()
-        self._arguments: dict[str, Any] | None = None
-
-    def sibling(self, name: str) -> Dependency | None:
-        """The task's own dependency for parameter ``name``, if it has one."""
-        plan = _PLANS.get(self.function) or _plan(self.function)
-        return next((i.dependency for i in plan.injected if i.name == name), None)
-
-    @property
-    def arguments(self) -> dict[str, Any]:
-        """The call's arguments by name (bound once, on demand)."""
-        if self._arguments is None:
-            context = self.context
-            self._arguments = bind_arguments(self.function, context.args, context.kwargs)
-        return self._arguments
-
-    async def inject(self, dependency: Dependency, parameter: str) -> Any:
-        key = dependency._cache_key()
-        if key is None:
-            return await dependency._inject(self, parameter)
-        try:
-            return self.cache[key]
-        except KeyError:
-            pass
-        value = self.cache[key] = await dependency._inject(self, parameter)
-        return value
-
-    async def call_factory(self, factory: Callable[..., Any]) -> Any:
-        """Resolve a ``Depends`` factory's own dependencies, then call or enter it."""
-        plan = factory_plan(factory)
-        kwargs = {name: await self.inject(d, name) for name, d in plan.injected}
-        if plan.kind == "asyncgen":
-            manager = contextlib.asynccontextmanager(factory)(**kwargs)
-            return await self.stack.enter_async_context(manager)
-        if plan.kind == "gen":
-            return self.stack.enter_context(contextlib.contextmanager(factory)(**kwargs))
-        value = factory(**kwargs)
-        if inspect.isawaitable(value):
-            value = await value
-        if hasattr(value, "__aenter__") and hasattr(value, "__aexit__"):
-            return await self.stack.enter_async_context(value)
-        if hasattr(value, "__enter__") and hasattr(value, "__exit__"):
-            return self.stack.enter_context(value)
-        return value
-
-
-def forced_retry_at(error: BaseException, now: float) -> float | None:
-    """When ``error`` is a ``ForcedRetry``, the time it asks to retry at."""
-    if not isinstance(error, ForcedRetry):
-        return None
-    return error.when if error.when is not None else now + error.delay
-
-
-class ResolvedCall:
-    """A task call with its dependency parameters filled in."""
-
-    __slots__ = ("_run", "args", "kwargs", "runtime")
-
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], run: Run | None) -> None:
-        self.args = args
-        self.kwargs = kwargs
-        self._run = run
-        runtime = run.roles.get("runtime") if run is not None else None
-        #: a custom ``Runtime`` to call the function through (``extensions``)
-        self.runtime: Any = runtime if runtime is not None and overridden(runtime, "run") else None
-
-    async def settle(
-        self,
-        execution: Any,
-        *,
-        started: float,
-        result: Any = None,
-        error: BaseException | None = None,
-        retrying: bool = False,
-    ) -> FollowUp | None:
-        """What the run that began at ``started`` asks of its future
-        (``follow_up``), once the custom handlers had their say: a failure
-        goes to a ``FailureHandler`` (``True``: no retry, no next run); the
-        end of a run that will not be retried to a ``CompletionHandler``.  A
-        run an ``AdmissionBlocked`` stopped follows it; no handler is asked."""
-        now = time.time()
-        if error is not None and isinstance(error, AdmissionBlocked):
-            return blocked_follow_up(error, now)
-        run = self._run
-        if run is None or not run.roles:
-            return self.follow_up(now, error)
-        outcome = TaskOutcome(duration=timedelta(seconds=now - started), result=result)
-        outcome.exception = error
-        handler = run.roles.get("failure")
-        declined = False
-        if error is not None and handler is not None and overridden(handler, "handle_failure"):
-            # (a ``Retry`` subclass that asks its base retries through the core)
-            by_core = hasattr(handler, "_core_retry")
-            if by_core:
-                handler._core_retry = False
-            handled = await handler.handle_failure(execution, outcome)
-            if not (by_core and handler._core_retry):
-                if handled:
-                    return attrs.evolve(self.follow_up(now) or FollowUp(), failure_handled=True)
-                declined = retrying
-                retrying = False
-        handler = run.roles.get("completion")
-        if (error is None or not retrying) and handler is not None:
-            if overridden(handler, "on_complete"):
-                if hasattr(handler, "_chain"):
-                    handler._chain = False  # (a perpetual's goes on only if its own ran)
-                await handler.on_complete(execution, outcome)
-        follow_up = self.follow_up(time.time(), error)
-        if declined:
-            return attrs.evolve(follow_up or FollowUp(), retry_declined=True)
-        return follow_up
-
-    def follow_up(self, now: float, error: BaseException | None = None) -> FollowUp | None:
-        """What the task asked for about its future (``retry_at`` only when
-        ``error`` is given and is a ``ForcedRetry``)."""
-        result: FollowUp | None = None
-        if self._run is not None:
-            for source in self._run.follow_ups:
-                result = source._follow_up() or result
-        retry_at = forced_retry_at(error, now) if error is not None else None
-        if retry_at is not None:
-            result = attrs.evolve(result or FollowUp(), retry_at=retry_at)
-        return result
-
-
-#: how the error a task fails with when dependencies did not resolve begins
-DEPENDENCY_FAILURES = "Failed to resolve dependencies for parameter(s): "
-
-
-def dependency_failures(failures: Mapping[str, Exception]) -> ExceptionGroup[Exception]:
-    """The error of a run whose dependencies (by parameter) failed to resolve,
-    as pydocket raises it: one ``ExceptionGroup`` holding every cause."""
-    return ExceptionGroup(DEPENDENCY_FAILURES + ", ".join(failures), list(failures.values()))
-
-
-class _Resolution(AbstractAsyncContextManager[ResolvedCall]):
-    """``async with resolve(function, context) as call``: see ``resolve``."""
-
-    def __init__(
-        self,
-        function: Callable[..., Any],
-        context: TaskContext,
-        worker_dependencies: Mapping[str, Dependency],
-    ) -> None:
-        self._function = function
-        self._context = context
-        self._worker_dependencies = worker_dependencies
-        self._run: Run | None = None
-        self._tokens: tuple[contextvars.Token[Any], ...] = ()
-
-    async def __aenter__(self) -> ResolvedCall:
-        context = self._context
-        plan = _PLANS.get(self._function) or _plan(self._function)
-        self._tokens = (
-            current_docket.set(context.docket),
-            current_worker.set(context.worker),
-            current_execution.set(context.execution),
-        )
-        workers = self._worker_dependencies
-        if not plan.injected and not workers:
-            return ResolvedCall(context.args, context.kwargs, None)
-        if plan.self_injected and not workers:
-            kwargs = context.kwargs
-            given = len(context.args)
-            for item in plan.injected:
-                if item.position >= given and item.name not in kwargs:
-                    if kwargs is context.kwargs:
-                        kwargs = dict(kwargs)
-                    kwargs[item.name] = item.dependency
-            return ResolvedCall(context.args, kwargs, None)
-        run = self._run = Run(self._function, context)
-        kwargs = dict(context.kwargs)
-        given = len(context.args)
-        failures: dict[str, Exception] = {}
-        try:
-            # the worker's own first (their values are not passed to the
-            # task); the task's ``Depends`` of the same factories share them
-            for name, dependency in workers.items():
-                try:
-                    value = await run.inject(dependency, name)
-                except Exception as error:
-                    failures[name] = error
-                else:
-                    if dependency._role is not None:
-                        run.roles[dependency._role] = value
-            for item in plan.injected:
-                if item.position < given or item.name in kwargs:
-                    continue
-                try:
-                    value = kwargs[item.name] = await run.inject(item.dependency, item.name)
-                except Exception as error:
-                    failures[item.name] = error
-                else:
-                    if item.dependency._role is not None:
-                        run.roles[item.dependency._role] = value
-            if failures:
-                blocked = [e for e in failures.values() if isinstance(e, AdmissionBlocked)]
-                if blocked:
-                    raise blocked[0]  # a block is no failure: the runtime settles it
-                raise dependency_failures(failures)
-        except BaseException:
-            await self._close(*sys.exc_info())
-            raise
-        return ResolvedCall(context.args, kwargs, run)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._close(exc_type, exc, tb)
-
-    async def _close(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            if self._run is not None:
-                # the dependencies' context managers see the task's error, but
-                # cannot swallow it: the runtime must learn how the task ended
-                await self._run.stack.__aexit__(exc_type, exc, tb)
-        finally:
-            for var, token in zip(
-                (current_execution, current_worker, current_docket),
-                reversed(self._tokens),
-                strict=False,
-            ):
-                try:
-                    var.reset(token)
-                except ValueError:  # exited in another context than entered
-                    pass
-            self._tokens = ()
-
-
-def resolve(
-    function: Callable[..., Any],
-    context: TaskContext,
-    worker_dependencies: Mapping[str, Dependency] = _NO_DEPENDENCIES,
-) -> AbstractAsyncContextManager[ResolvedCall]:
-    """Resolve ``function``'s dependencies for one execution.
-
-    Entering yields the ready call; leaving exits the dependencies' context
-    managers in reverse order (also when the task failed).  Errors raised while
-    resolving propagate out of ``async with`` after cleaning up what was
-    already entered; a dependency that raises an ``Exception`` does not stop
-    the others from resolving, and the failures are raised together
-    (``dependency_failures``), unless one is an ``AdmissionBlocked``: that is
-    raised as it is.  ``worker_dependencies`` (``Worker(dependencies=...)``)
-    resolve first, in the same run (they share its cache), and are not
-    passed to the function.  The contextvars ``current_docket``,
-    ``current_worker`` and ``current_execution`` are set for the duration.
-    """
-    return _Resolution(function, context, worker_dependencies)

@@ -26,19 +26,16 @@ from typing import Any, ClassVar, NoReturn, TypeVar, cast, overload
 from ._resolution import (
     Dependency,
     Logged,
-    ResolvedCall,
-    Run,
     TaskContext,
     bind_arguments,
     call_repr,
     current_docket,
     current_execution,
     current_worker,
-    forced_retry_at,
-    resolve,
     task_policy,
     validate,
 )
+from ._run_resolution import ResolvedCall, Run, resolve
 from .controls import Cooldown, Debounce, RateLimit
 from .extensions import CompletionHandler, FailureHandler, Runtime
 from .outcomes import (
@@ -46,6 +43,7 @@ from .outcomes import (
     AdmissionBlocked,
     TaskOutcome,
     carried_out_by_the_core,
+    forced_retry_at,
 )
 from .perpetual import Cron, Perpetual
 from .sansio.decisions import retry_delay

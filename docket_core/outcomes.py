@@ -1,14 +1,17 @@
 """What a run's end or block means to the extension points (``extensions``):
-``TaskOutcome``, ``AdmissionBlocked`` and the follow-up a block leads to.
+``TaskOutcome``, ``AdmissionBlocked`` and the follow-up a block leads to;
+when a ``ForcedRetry`` asks to run again, and the error of a run whose
+dependencies did not resolve.
 A leaf module, so that the resolution of dependencies can use them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from .sansio.errors import ForcedRetry
 from .sansio.inputs import BlockedAction, FollowUp
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -84,3 +87,20 @@ def blocked_line(key: str, follow_up: FollowUp) -> str:
     if follow_up.blocked is BlockedAction.DROP:
         return f"⏭ Task {key} blocked by admission control, dropping"
     return f"Task {key} blocked by admission control, handled by its gate"
+
+
+def forced_retry_at(error: BaseException, now: float) -> float | None:
+    """When ``error`` is a ``ForcedRetry``, the time it asks to retry at."""
+    if not isinstance(error, ForcedRetry):
+        return None
+    return error.when if error.when is not None else now + error.delay
+
+
+#: how the error a task fails with when dependencies did not resolve begins
+DEPENDENCY_FAILURES = "Failed to resolve dependencies for parameter(s): "
+
+
+def dependency_failures(failures: Mapping[str, Exception]) -> ExceptionGroup[Exception]:
+    """The error of a run whose dependencies (by parameter) failed to resolve,
+    as pydocket raises it: one ``ExceptionGroup`` holding every cause."""
+    return ExceptionGroup(DEPENDENCY_FAILURES + ", ".join(failures), list(failures.values()))

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import cloudpickle
 
-from ._resolution import Run
+from ._run_resolution import Run
 from .extensions import CompletionHandler
 from .outcomes import TaskOutcome, carried_out_by_the_core
 from .sansio.cron import CronPolicy, cron_policy, next_instant

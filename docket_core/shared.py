@@ -34,7 +34,8 @@ from typing import Any, TypeVar, overload
 
 import anyio
 
-from ._resolution import Dependency, Run, TaskContext, factory_plan
+from ._resolution import Dependency, TaskContext, factory_plan
+from ._run_resolution import Run
 from .sansio.errors import UsageError
 
 _R = TypeVar("_R")
