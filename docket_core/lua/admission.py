@@ -43,12 +43,12 @@ SCRIPT = "admit"
 
 
 def _number(value: float) -> bytes:
-    """A float as exact decimal text (``protocol.number``)."""
+    """A float as exact decimal text (``batch_fields.number``)."""
     return repr(float(value)).encode()
 
 
 def _request_seq(effect: Admit) -> bytes:
-    """The request number, empty without one (``protocol.request_seq``)."""
+    """The request number, empty without one (``batch_fields.request_seq``)."""
     return b"" if effect.request is None else b"%d" % effect.request.seq
 
 

@@ -2,7 +2,7 @@
 and their replies as ``SlotStepped`` outcomes (pure, for both clients).
 
 A step travels as one item of 20 fields a take (one item when it has none),
-in the binary form of the hot batches (``protocol.pack_batch``: each field
+in the binary form of the hot batches (``batch_fields.pack_batch``: each field
 its length, 4 bytes little-endian, then its bytes), all the steps of a call
 in its one argument (``unpack_batch`` in the script):
 
