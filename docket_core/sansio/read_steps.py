@@ -1,0 +1,225 @@
+"""Reads in the worker machine (``ReadSteps``, mixed into ``WorkerMachine``).
+
+Theory of operation
+-------------------
+The machine asks for work itself: a ``Read`` of as many deliveries as it
+has room for (``capacity``), when no read is out, blocking at most until
+the soonest scheduled message the last read saw (``_maybe_read``, decided
+as the effects are drained, so the runs that end in one pass free their
+room for one read).  What a read brings (``_read_done``) is handed out:
+an entry that could not be parsed is set aside (``BuryMalformed``); a
+delivery with a problem (an unknown task, arguments that do not bind) or
+a struck one is settled unrun (``_reject``); one of a limit in the
+docket's own namespace takes a slot step (``local_slots``); the rest are
+claimed in one ``Claim``, and the fresh ones that need no admission, slot
+or deadline start with it when the read is recent (``START_EARLY``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Protocol
+
+from . import lifecycle
+from .decisions import plan_bury, plan_reject
+from .effects import Claim, ClaimItem, Effect, Read, StartTask
+from .flight import Count, InFlight, WorkerConfig
+from .inputs import Arrival, ReadDone
+from .lifecycle import Step
+from .local_slots import SlotTake, local_limit
+from .outbox import Outbox
+from .values import ConcurrencyPolicy
+
+_DELIVERED, _REDELIVERED, _STARTED = Count.DELIVERED, Count.REDELIVERED, Count.STARTED
+
+
+class _Machine(Protocol):
+    """What ``ReadSteps`` needs of the worker machine it is mixed into."""
+
+    config: WorkerConfig
+    in_flight: dict[str, InFlight]
+    counters: Counter[Count]
+    outbox: Outbox
+    accepting: bool
+    finished: bool
+    _effects: list[Effect]
+    _reading: bool
+    _recover: bool
+    _read_at: float | None
+    _read_asked_at: float
+    _next_due: float | None
+    _fence_at: float
+
+    @property
+    def capacity(self) -> int: ...
+
+    def _maybe_goodbye(self, now: float) -> None: ...
+
+    def _arrive(
+        self, flight: InFlight, limit: ConcurrencyPolicy, now: float
+    ) -> SlotTake | None: ...
+
+    def _send_takes(self, takes: list[SlotTake], now: float) -> None: ...
+
+    def _delivered(self, arrivals: Sequence[Arrival], now: float, early: bool = False) -> None: ...
+
+    def _reject(self, flight: InFlight, arrival: Arrival, now: float) -> None: ...
+
+
+class ReadSteps:
+    """The worker machine's steps on reads: asking for deliveries, and
+    handing out what a read brought."""
+
+    #: when the next read may go out, after a failed one (``None``: at once)
+    _read_at: float | None
+
+    def _maybe_read(self: _Machine, now: float) -> None:
+        """Ask for more work when this worker has room and no read is out
+        (``effects`` decides it, for the last input's ``now``)."""
+        if self._reading or not self.accepting or not self.config.reads:
+            return
+        if self._read_at is not None:
+            if now < self._read_at:
+                return
+            self._read_at = None
+        capacity = self.capacity
+        if capacity == 0:
+            return
+        block = self.config.read_block
+        if self._next_due is not None:
+            block = min(block, max(self._next_due - now, 0.0))
+        self._reading = True
+        self._read_asked_at = now
+        self._effects.append(
+            Read(
+                worker=self.config.name,
+                count=capacity,
+                now=now,
+                block=0.0 if self._recover else block,
+                redelivery_timeout=self.config.redelivery_timeout,
+                recover=self._recover,
+                then_pending=self.config.until_finished and not self.in_flight,
+            )
+        )
+        self._recover = False
+
+    def _read_done(self: _Machine, event: ReadDone) -> None:
+        self._reading = False
+        self._next_due = event.next_due
+        for entry in event.malformed:
+            # never run, never retried: set aside with the reason
+            self.counters[Count.MALFORMED] += 1
+            bury = plan_bury(
+                worker=self.config.name,
+                entry=entry,
+                now=event.now,
+                execution_ttl=self.config.execution_ttl,
+                request=self.outbox.request(),
+            )
+            self._effects.append(bury)
+        if event.arrivals:
+            # fresh deliveries may start with their claim when it goes out now
+            # and the read is recent: leases younger than ``fence_after``,
+            # as safe from a takeover as freshly renewed ones
+            early = (
+                self.config.start_early
+                and self.accepting
+                and self.outbox.resend_at is None
+                and event.now - self._read_asked_at <= self.config.fence_after
+            )
+            self._delivered(event.arrivals, event.now, early)
+        elif event.pending == 0 and not self.in_flight and self.config.until_finished:
+            self.finished = True
+            self.accepting = False
+        self._maybe_goodbye(event.now)
+
+    def _delivered(
+        self: _Machine, arrivals: Sequence[Arrival], now: float, early: bool = False
+    ) -> None:
+        """Claim the deliveries; with ``early`` (``_read_done``), start the
+        fresh ones that need no admission, slot or deadline at once too
+        (``lifecycle``: ``START_EARLY``)."""
+        claims: list[ClaimItem] = []
+        claiming: list[InFlight] = []
+        starts: list[InFlight] = []
+        takes: list[SlotTake] = []
+        # (the new leases count from now: fenced no sooner than this)
+        self._fence_at = min(self._fence_at, now + self.config.fence_after)
+        idle = not self.in_flight
+        for arrival in arrivals:
+            delivery = arrival.delivery
+            if delivery.delivery_id in self.in_flight:
+                continue  # already ours (a redelivery to the same worker)
+            flight = InFlight(
+                delivery_id=delivery.delivery_id,
+                message=delivery.message,
+                policy=arrival.policy,
+                problem=arrival.problem,
+                renewed_at=now,
+            )
+            self.in_flight[delivery.delivery_id] = flight
+            self.counters[_REDELIVERED if delivery.redelivered else _DELIVERED] += 1
+            if arrival.problem is not None or arrival.struck:
+                self._reject(flight, arrival, now)
+                continue
+            policy = arrival.policy
+            limit = local_limit(policy, self.config.docket)
+            if limit is not None:  # (one step claims it into a slot: local_slots)
+                take = self._arrive(flight, limit, now)
+                takes += (take,) if take is not None else ()
+                continue
+            if (
+                early
+                and not delivery.redelivered
+                and policy.concurrency is None
+                and policy.timeout is None
+                and not policy.admission
+            ):
+                flight.phase = lifecycle.advance(flight.phase, Step.START_EARLY)
+                starts.append(flight)
+            else:
+                flight.phase = lifecycle.advance(flight.phase, Step.CLAIM)
+            claiming.append(flight)
+            claims.append(
+                ClaimItem(
+                    delivery_id=delivery.delivery_id,
+                    key=delivery.message.key,
+                    generation=delivery.message.generation,
+                )
+            )
+        self._send_takes(takes, now)
+        if claims:
+            request = self.outbox.request()
+            for flight in claiming:
+                flight.claim_seq = request.seq
+            claim = Claim(worker=self.config.name, items=tuple(claims), now=now, request=request)
+            if starts:
+                # runs that start with their claim: it leads the batch, so a
+                # store that sends the first round of a batch at once (a
+                # partitioned docket) has it on the wire before they run.  It
+                # touches only these fresh deliveries, so it commutes with
+                # what waits (other deliveries' ends, takes and rejects), as
+                # another worker's steps would interleave with them
+                self._effects.insert(0, claim)
+            else:
+                self._effects.append(claim)
+        for flight in starts:  # (the claim goes out first)
+            flight.started_at = now
+            self.counters[_STARTED] += 1
+            self.outbox.starts_with_claim(flight.delivery_id, idle)
+            self._effects.append(StartTask(delivery_id=flight.delivery_id))
+
+    def _reject(self: _Machine, flight: InFlight, arrival: Arrival, now: float) -> None:
+        flight.phase = lifecycle.advance(flight.phase, Step.REJECT)
+        self.counters[Count.FAILED if arrival.problem is not None else Count.STRUCK] += 1
+        self._effects.append(
+            plan_reject(
+                delivery_id=flight.delivery_id,
+                message=flight.message,
+                now=now,
+                execution_ttl=self.config.execution_ttl,
+                problem=arrival.problem,
+                request=self.outbox.request(),
+            )
+        )
