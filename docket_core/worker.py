@@ -10,7 +10,7 @@ machine lets two be out at once: the flusher leaves a batch to one of two
 *senders* and goes on, so the next one (the claims of a read that came back)
 goes out behind it instead of after its reply; the batches go out, and
 their outcomes reach the machine, in the order the machine handed them out
-(``_send``); the *timer* sleeps until
+(``_send``; the flusher and senders are ``batch_sending``'s); the *timer* sleeps until
 the machine's next deadline and ticks it; the *listener* turns cancellation
 signals into inputs; the *signal* loop turns SIGTERM and SIGINT into a drain
 (the second one into a stop without draining).  The worker keeps its
@@ -44,6 +44,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from . import dependencies, instrumentation, worker_logs
+from .batch_sending import BatchSending
 from .dependencies import validate as validate_task
 from .docket import Docket
 from .execution import Execution
@@ -52,7 +53,6 @@ from .perpetual import first_run
 from .running import Runner, decode, frozen_heap, loop_options
 from .sansio.admission import Blocked, blocked_message
 from .sansio.effects import (
-    BatchTurn,
     CancelTask,
     Effect,
     Read,
@@ -60,16 +60,14 @@ from .sansio.effects import (
     StartTask,
     StoreEffect,
 )
-from .sansio.errors import StoreError, StoreUnavailable, UsageError
+from .sansio.errors import StoreError, UsageError
 from .sansio.flight import Count
 from .sansio.inputs import (
     Arrival,
     CancelRequested,
     ReadDone,
     ReadFailed,
-    ReplyLost,
     ShutdownRequested,
-    StoreFailed,
     Tick,
 )
 from .sansio.strikes import StrikeList
@@ -89,7 +87,7 @@ RESEED_SECONDS = 60.0
 STOP_GRACE = 1.0
 
 
-class Worker:
+class Worker(BatchSending):
     """Runs the tasks of one docket."""
 
     def __init__(
@@ -517,165 +515,6 @@ class Worker:
                 return True
             self._runs[key] = runs + 1
         return False
-
-    async def _flusher(self) -> None:
-        """``_flush`` whenever the machine has new effects, until it is quiet."""
-        machine = self._machine
-        assert machine is not None
-        while True:
-            await self._dirty.wait()
-            self._dirty = anyio.Event()
-            while self._flushing:  # (the reader's, for a pickup)
-                self._flushed = self._flushed or anyio.Event()
-                await self._flushed.wait()
-            await self._flush()
-            if machine.quiet:
-                self._finished.set()
-                return
-
-    async def _flush(self, rounds: int | None = None) -> None:
-        """Carry out the machine's effects until it has none (or for
-        ``rounds`` rounds, the reader's pickup), a round's store effects in
-        one call; one flush at a time.  A round's batch goes out when the
-        machine's ``batch_turn`` says: beside the batches out, from a sender
-        (``_sender``, where the machine may have two out and the flusher
-        goes on), or before the runs that start with it, once the batches
-        ahead of it are answered where the turn is ``ALONE``."""
-        machine = self._machine
-        assert machine is not None
-        self._flushing = True
-        try:
-            while rounds is None or rounds > 0:
-                effects = machine.effects()
-                if not effects:
-                    break
-                if rounds is not None:
-                    rounds -= 1
-                turn = machine.batch_turn
-                store: list[StoreEffect] = []
-                read_handed = False
-                for effect in effects:
-                    if isinstance(effect, StoreEffect):
-                        store.append(effect)
-                    else:
-                        read_handed = read_handed or type(effect) is Read
-                if store:
-                    # a batch handed out before is not on the wire yet: this
-                    # one goes after it, and no run of this one starts first
-                    while self._written < self._batches:
-                        await self._turn()
-                    if turn is BatchTurn.ALONE:
-                        while self._answered < self._batches:
-                            await self._turn()
-                started = False
-                for effect in effects:
-                    if not isinstance(effect, StoreEffect):
-                        started = self._run_effect(effect) or started
-                if started:  # (a run with a timeout has a deadline now)
-                    self._rearm_timer()
-                if not store:
-                    continue
-                batch = self._batches
-                self._batches += 1
-                if turn is BatchTurn.BESIDE:
-                    if rounds is None and machine.config.batches_in_flight > 1:
-                        # (the store keeps the order of this worker's
-                        # batches: this one goes out from a sender, beside
-                        # the one out, and the flusher goes on)
-                        self._outgoing.append((store, batch))
-                        self._outgoing_ready.set()
-                        continue
-                    if read_handed:
-                        # the reader sends its read before this batch goes
-                        # out: the server answers it first, and the next
-                        # deliveries are prepared while it works on the
-                        # batch.  (Not before the claim of runs that start
-                        # with it: it goes out before they get a turn, so a
-                        # run sees its key running.)
-                        await anyio.lowlevel.checkpoint()
-                await self._send(store, batch)
-        finally:
-            self._flushing = False
-            flushed, self._flushed = self._flushed, None
-            if flushed is not None:
-                flushed.set()
-
-    async def _sender(self) -> None:
-        """Send the batches the flusher leaves to the senders, one at a time
-        (a worker that may keep two out has two senders)."""
-        outgoing = self._outgoing
-        while True:
-            while not outgoing:
-                await self._outgoing_ready.wait()
-                self._outgoing_ready = anyio.Event()
-            store, batch = outgoing.popleft()
-            await self._send(store, batch)
-
-    async def _send(self, store: list[StoreEffect], batch: int) -> None:
-        """Send the ``batch``-th batch once those before it are on the wire,
-        and hand its outcomes to the machine once theirs are (a store that
-        keeps the order answers them in it anyway)."""
-        machine = self._machine
-        assert machine is not None
-        while self._written < batch:
-            await self._turn()
-        try:
-            self._written += 1  # (on the wire when ``execute`` first yields)
-            self._turn_taken()
-            adapter = self.docket.adapter
-            if machine.config.batches_in_flight > 1:
-                outcomes = await adapter.execute_in_order(store)
-            else:
-                outcomes = await adapter.execute(store)
-        except StoreError as error:
-            while self._answered < batch:
-                await self._turn()
-            self._answered += 1
-            self._turn_taken()
-            self._store_failed(store, error)
-            self._dirty.set()
-            return
-        while self._answered < batch:
-            await self._turn()
-        self._answered += 1
-        self._turn_taken()
-        self._health.store_answered()
-        machine.store_replied(store, outcomes, time.time())
-        if len(self._calls) > len(machine.in_flight):
-            # deliveries that ended without starting (struck,
-            # superseded, parked, lost) leave their calls behind
-            for delivery_id in [d for d in self._calls if d not in machine.in_flight]:
-                del self._calls[delivery_id]
-        self._dirty.set()
-
-    async def _turn(self) -> None:
-        """Wait until a batch goes out or is answered."""
-        if self._turned is None:
-            self._turned = anyio.Event()
-        await self._turned.wait()
-
-    def _turn_taken(self) -> None:
-        turned, self._turned = self._turned, None
-        if turned is not None:
-            turned.set()
-
-    def _store_failed(self, effects: list[StoreEffect], error: StoreError) -> None:
-        """Tell the machine a batch failed: it decides when to send it again,
-        when to give it up, and when the worker must stop."""
-        machine = self._machine
-        assert machine is not None
-        failure = ReplyLost if isinstance(error, StoreUnavailable) else StoreFailed
-        if failure is ReplyLost:
-            self._health.store_lost()
-        now = time.time()
-        machine.receive(failure(effects=tuple(effects), now=now, reason=str(error)))
-        self._rearm_timer()
-        if machine.fatal is not None:
-            logger.error("stopping: %s", machine.fatal)
-            raise StoreError(machine.fatal) from error
-        resend_at = machine.outbox.resend_at
-        then = "given up" if resend_at is None else f"sent again in {resend_at - now:.3g}s"
-        logger.warning("store unavailable (%s); %d effects %s", error, len(effects), then)
 
     def _run_effect(self, effect: Effect) -> bool:
         """Carry out one runtime effect; whether it started a run (the timer
