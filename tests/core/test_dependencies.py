@@ -595,12 +595,12 @@ async def test_self_injecting_dependencies_are_handed_to_the_task_as_declared() 
     ) -> tuple[Any, Any]:
         return limit, cooldown
 
-    kwargs = {"customer": 4}
-    limit, cooldown = await run(task, make_context(kwargs=kwargs)[0])
+    context = make_context(kwargs={"customer": 4})[0]
+    limit, cooldown = await run(task, context)
     assert isinstance(limit, ConcurrencyLimit) and limit.argument_name == "customer"
     assert limit.max_concurrent == 2
     assert isinstance(cooldown, deps.Cooldown)
-    assert kwargs == {"customer": 4}
+    assert context.kwargs == {"customer": 4}
     assert await run(task, make_context(args=(4, "mine"))[0]) == ("mine", cooldown)
     assert await run(task, make_context(kwargs={"customer": 4, "cooldown": 0})[0]) == (limit, 0)
 
