@@ -60,7 +60,7 @@ class Dependency:
         """The value handed to the task for this dependency: itself, or, for a
         custom dependency that is an async context manager (pydocket's way),
         what entering it gives (it exits after the task)."""
-        if hasattr(type(self), "__aenter__") and hasattr(type(self), "__aexit__"):
+        if _entered(type(self)):
             return await run.stack.enter_async_context(self)  # type: ignore[arg-type]
         return self
 
@@ -157,16 +157,18 @@ class _Plan:
     self_injected: bool = False
 
 
+def _entered(kind: type[Dependency]) -> bool:
+    """Whether a dependency of ``kind`` is an async context manager: what the
+    task gets is what entering it gives (``Dependency._inject``)."""
+    return hasattr(kind, "__aenter__") and hasattr(kind, "__aexit__")
+
+
 def _self_injecting(dependency: Dependency) -> bool:
     """Whether ``dependency`` hands the task itself and nothing more: the
     base ``_inject``, no context manager to enter, no role (as a
     ``ConcurrencyLimit`` or a ``Cooldown``)."""
     kind = type(dependency)
-    return (
-        kind._inject is Dependency._inject
-        and not (hasattr(kind, "__aenter__") and hasattr(kind, "__aexit__"))
-        and dependency._role is None
-    )
+    return kind._inject is Dependency._inject and not _entered(kind) and dependency._role is None
 
 
 @attrs.frozen(slots=True)
