@@ -17,7 +17,8 @@ limit; the two drains of a run go in alternating order.
 Per task, for each drain: wall us, the worker process's CPU us, the server's
 CPU us (a private server), the script calls (or, on memory://, the store
 effects) and the round trips (``run_calls``/``execute`` calls, reads
-included), and the deliveries parked.  ``--detail`` adds the calls per task
+included), the deliveries parked, and the most task bodies that ran at once
+(never above the worker's concurrency, 100).  ``--detail`` adds the calls per task
 of each script (or effect kind), and on a private server the server us per
 task of each script (from SLOWLOG, which costs the server a little) and of
 the commands the scripts ran (INFO commandstats).  The medians close the
@@ -60,6 +61,18 @@ async def blocked(customer: int, limit: ConcurrencyLimit = ConcurrencyLimit("cus
 
 #: how long each drained task sleeps (``--sleep-ms``)
 SLEEP = [0.0]
+#: the task bodies running now, and the most that ran at once in this drain
+RUNNING = [0, 0]
+
+
+async def body() -> None:
+    RUNNING[0] += 1
+    RUNNING[1] = max(RUNNING[1], RUNNING[0])
+    try:
+        if SLEEP[0]:
+            await anyio.sleep(SLEEP[0])
+    finally:
+        RUNNING[0] -= 1
 
 
 def limited_task(per_key: int) -> Any:
@@ -68,15 +81,13 @@ def limited_task(per_key: int) -> Any:
     async def limited(
         customer: int, limit: ConcurrencyLimit = ConcurrencyLimit("customer", per_key)
     ) -> None:
-        if SLEEP[0]:
-            await anyio.sleep(SLEEP[0])
+        await body()
 
     return limited
 
 
 async def unlimited(customer: int) -> None:
-    if SLEEP[0]:
-        await anyio.sleep(SLEEP[0])
+    await body()
 
 
 def make_worker(docket: Docket) -> Worker:
@@ -208,6 +219,7 @@ async def drain(
             batch.add(function)(i % customers)
     tally = Tally(docket)
     server.mark()
+    RUNNING[1] = 0
     async with make_worker(docket) as worker, anyio.create_task_group() as group:
         started, cpu = time.perf_counter(), time.process_time()
         group.start_soon(worker.run_forever)
@@ -227,6 +239,7 @@ async def drain(
         "calls": sum(tally.calls.values()) / tasks,
         "trips": tally.trips / tasks,
         "parked": worker.counters.get("parked", 0) / tasks,
+        "peak": RUNNING[1],
         "by_call": {name: n / tasks for name, n in tally.calls.items()},
         "scripts": {name: us / tasks for name, us in scripts.items()},
         "commands": {name: us / tasks for name, us in commands.items()},
@@ -252,7 +265,7 @@ async def one_run(
     return figures
 
 
-COLUMNS = ("wall", "cpu", "server", "calls", "trips", "parked")
+COLUMNS = ("wall", "cpu", "server", "calls", "trips", "parked", "peak")
 
 
 def line(label: str, run: dict[str, dict[str, Any]]) -> str:
@@ -261,7 +274,7 @@ def line(label: str, run: dict[str, dict[str, Any]]) -> str:
         f = run[drain_label]
         cells.append(
             f"{f['wall']:>7.1f} {f['cpu']:>6.1f} {f['server']:>6.1f} "
-            f"{f['calls']:>5.2f} {f['trips']:>5.3f} {f['parked']:>5.2f}"
+            f"{f['calls']:>5.2f} {f['trips']:>5.3f} {f['parked']:>5.2f} {int(f['peak']):>4d}"
         )
     ratio = run["unlimited"]["wall"] / run["limited"]["wall"]
     return f"{label:>4} {cells[0]} | {cells[1]} | {ratio:>5.2f}"
@@ -289,10 +302,11 @@ def report(url: str, port: int | None, args: argparse.Namespace) -> None:
     pairs = [(int(c), int(w)) for c in args.customers.split(",") for w in args.waiting.split(",")]
     print(
         f"{args.tasks} tasks per drain on {url} ({args.backend}); per task: wall us, worker "
-        "CPU us, server CPU us, script calls, round trips, parked; ratio unlimited/limited wall"
+        "CPU us, server CPU us, script calls, round trips, parked; the most runs at once; "
+        "ratio unlimited/limited wall"
     )
-    head = f"{'wall':>7} {'cpu':>6} {'server':>6} {'calls':>5} {'trips':>5} {'park':>5}"
-    print(f"{'run':>4} {'limited: ' + head[9:]:>43} | {'unlimited':>43} | ratio")
+    head = f"{'wall':>7} {'cpu':>6} {'server':>6} {'calls':>5} {'trips':>5} {'park':>5} {'peak':>4}"
+    print(f"{'run':>4} {'limited: ' + head[9:]:>48} | {'unlimited':>48} | ratio")
     server = Server(port, args.detail)
     rows: dict[tuple[int, int], list[dict[str, dict[str, Any]]]] = {p: [] for p in pairs}
     options = loop_options(args.backend)

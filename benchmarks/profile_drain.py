@@ -35,12 +35,28 @@ import anyio
 from drain_memory import worker_logging
 from drain_server import private_server
 
-from docket_core import Docket, Worker
+from docket_core import ConcurrencyLimit, Docket, Worker
 from docket_core.running import LOOPS, loop_options
+
+SLEEP = [0.0]  # --sleep-ms
 
 
 async def noop() -> None:
-    """The task: does nothing."""
+    """The task: does nothing (or sleeps ``--sleep-ms``)."""
+    if SLEEP[0]:
+        await anyio.sleep(SLEEP[0])
+
+
+def limited_task(per_key: int) -> Any:
+    """The task with ``ConcurrencyLimit("customer", per_key)`` (``--limit-keys``)."""
+
+    async def limited(
+        customer: int, limit: ConcurrencyLimit = ConcurrencyLimit("customer", per_key)
+    ) -> None:
+        if SLEEP[0]:
+            await anyio.sleep(SLEEP[0])
+
+    return limited
 
 
 def docket_frame(frame: str) -> str | None:
@@ -78,14 +94,17 @@ def library(frame: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
-async def fill(docket: Docket, n: int) -> None:
+async def fill(docket: Docket, n: int, task: Any, keys: int) -> None:
     left = n
 
     async def producer() -> None:
         nonlocal left
         while left > 0:
             left -= 1
-            await docket.add(noop)()
+            if keys:
+                await docket.add(task)(left % keys)
+            else:
+                await docket.add(task)()
 
     async with anyio.create_task_group() as group:
         for _ in range(32):
@@ -153,8 +172,10 @@ async def main(args: argparse.Namespace, url: str) -> None:
 
     name = f"profile-{uuid.uuid4().hex[:8]}"
     async with Docket(name=name, url=url, partitions=args.partitions) as docket:
-        docket.register(noop)
-        await fill(docket, args.tasks)
+        keys = args.limit_keys
+        task = limited_task(max(1, -(-args.concurrency // keys))) if keys else noop
+        docket.register(task)
+        await fill(docket, args.tasks, task, keys)
         if args.round_trips:
             count_round_trips()
         worker = Worker(
@@ -265,6 +286,13 @@ def cli() -> None:
     parser.add_argument(
         "--freeze-gc", action="store_true", help="Worker(freeze_gc=True), as docket worker runs"
     )
+    parser.add_argument("--sleep-ms", type=float, default=0.0, help="each task sleeps so long")
+    parser.add_argument(
+        "--limit-keys",
+        type=int,
+        default=0,
+        help="K > 0: tasks carry ConcurrencyLimit('customer', ceil(C / K)) over K customers",
+    )
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--detail", type=int, default=4, help="operations to break down")
     parser.add_argument(
@@ -279,6 +307,7 @@ def cli() -> None:
         "handler that drops the records (drain_memory.py)",
     )
     args = parser.parse_args()
+    SLEEP[0] = args.sleep_ms / 1000
     worker_logging(args.logging)
     loop = loop_options(args.backend)
     if args.url:
