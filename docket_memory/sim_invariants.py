@@ -1,7 +1,8 @@
 """The simulator's invariants (``InvariantChecks``, mixed into
 ``simulate.Simulation``), checked after every step and once it settled:
 
-- a concurrency limit is never exceeded by tasks running on live workers;
+- a concurrency limit is never exceeded by tasks running on live workers,
+  nor a worker's concurrency by the functions it runs;
 - a slot is released only by its holder (or after a takeover of a stale slot);
 - the same generation of a key never runs on two live workers at once, and
   while it runs it neither waits behind a limit nor is queued again;
@@ -189,6 +190,12 @@ class InvariantChecks:
         running_by_limit: dict[tuple[str, str], int] = {}
         running_generations: set[tuple[str, str, int]] = set()
         for worker in self.live():
+            concurrency = worker.machine.config.concurrency
+            if len(worker.running) > concurrency:
+                raise InvariantViolated(
+                    f"{worker.name} runs {len(worker.running)} functions at once "
+                    f"(concurrency {concurrency})"
+                )
             for delivery_id, (end, _outcome) in worker.running.items():
                 flight = worker.machine.in_flight.get(delivery_id)
                 if flight is None:

@@ -13,6 +13,15 @@ a struck one is settled unrun (``_reject``); one of a limit in the
 docket's own namespace takes a slot step (``local_slots``); the rest are
 claimed in one ``Claim``, and the fresh ones that need no admission, slot
 or deadline start with it when the read is recent (``START_EARLY``).
+
+A read never brings more than the room it was asked for, except the one
+that recovers what a lost reply handed out (``recover``: every delivery
+the store counts as this worker's).  So a read's deliveries beyond the
+worker's room (``_room``: ``concurrency`` less those it runs or will run)
+wait here, held (``ARRIVED``: their leases renewed, nothing asked of the
+store), in the order they came, and go on as runs end
+(``_from_backlog``, decided as the effects are drained): a worker never
+runs more than ``concurrency`` functions at once.
 """
 
 from __future__ import annotations
@@ -26,12 +35,13 @@ from .decisions import plan_bury, plan_reject
 from .effects import Claim, ClaimItem, Effect, Read, StartTask
 from .flight import Count, InFlight, WorkerConfig
 from .inputs import Arrival, ReadDone
-from .lifecycle import Step
+from .lifecycle import Phase, Step
 from .local_slots import SlotTake, local_limit
 from .outbox import Outbox
 from .values import ConcurrencyPolicy
 
 _DELIVERED, _REDELIVERED, _STARTED = Count.DELIVERED, Count.REDELIVERED, Count.STARTED
+_ARRIVED, _FINISHING = Phase.ARRIVED, Phase.FINISHING
 
 
 class _Machine(Protocol):
@@ -50,6 +60,7 @@ class _Machine(Protocol):
     _read_asked_at: float
     _next_due: float | None
     _fence_at: float
+    _backlog: dict[str, Arrival]
 
     @property
     def capacity(self) -> int: ...
@@ -63,6 +74,16 @@ class _Machine(Protocol):
     def _send_takes(self, takes: list[SlotTake], now: float) -> None: ...
 
     def _delivered(self, arrivals: Sequence[Arrival], now: float, early: bool = False) -> None: ...
+
+    def _room(self) -> int: ...
+
+    def _dispatch(
+        self,
+        going: list[tuple[InFlight, Arrival]],
+        now: float,
+        early: bool = False,
+        idle: bool = False,
+    ) -> None: ...
 
     def _reject(self, flight: InFlight, arrival: Arrival, now: float) -> None: ...
 
@@ -140,13 +161,11 @@ class ReadSteps:
         """Claim the deliveries; with ``early`` (``_read_done``), start the
         fresh ones that need no admission, slot or deadline at once too
         (``lifecycle``: ``START_EARLY``)."""
-        claims: list[ClaimItem] = []
-        claiming: list[InFlight] = []
-        starts: list[InFlight] = []
-        takes: list[SlotTake] = []
         # (the new leases count from now: fenced no sooner than this)
         self._fence_at = min(self._fence_at, now + self.config.fence_after)
         idle = not self.in_flight
+        room = self._room()
+        going: list[tuple[InFlight, Arrival]] = []
         for arrival in arrivals:
             delivery = arrival.delivery
             if delivery.delivery_id in self.in_flight:
@@ -161,8 +180,56 @@ class ReadSteps:
             self.in_flight[delivery.delivery_id] = flight
             self.counters[_REDELIVERED if delivery.redelivered else _DELIVERED] += 1
             if arrival.problem is not None or arrival.struck:
-                self._reject(flight, arrival, now)
-                continue
+                self._reject(flight, arrival, now)  # (it never runs: it takes no room)
+            elif room > 0:
+                room -= 1
+                going.append((flight, arrival))
+            else:
+                self._backlog[delivery.delivery_id] = arrival  # (see the module)
+        self._dispatch(going, now, early, idle)
+
+    def _room(self: _Machine) -> int:
+        """How many more deliveries may go on towards a run now:
+        ``concurrency`` less the deliveries held that run or will run (not
+        those whose end is out, ``FINISHING``, nor those in the backlog)."""
+        backlog = self._backlog
+        taken = 0
+        for delivery_id, flight in self.in_flight.items():
+            if flight.phase is not _FINISHING and delivery_id not in backlog:
+                taken += 1
+        return self.config.concurrency - taken
+
+    def _from_backlog(self: _Machine, now: float) -> None:
+        """Send the deliveries of the backlog on, oldest first, as far as
+        the worker has room."""
+        room = self._room()
+        going: list[tuple[InFlight, Arrival]] = []
+        backlog = self._backlog
+        while backlog and room > 0:
+            delivery_id = next(iter(backlog))
+            arrival = backlog.pop(delivery_id)
+            flight = self.in_flight.get(delivery_id)
+            if flight is not None and flight.phase is _ARRIVED:
+                room -= 1
+                going.append((flight, arrival))
+        self._dispatch(going, now)
+
+    def _dispatch(
+        self: _Machine,
+        going: list[tuple[InFlight, Arrival]],
+        now: float,
+        early: bool = False,
+        idle: bool = False,
+    ) -> None:
+        """Send the deliveries on (``ARRIVED``, with room): a slot step, or
+        one ``Claim`` for them all, the fresh ones started with it when
+        ``early`` (``_delivered``)."""
+        claims: list[ClaimItem] = []
+        claiming: list[InFlight] = []
+        starts: list[InFlight] = []
+        takes: list[SlotTake] = []
+        for flight, arrival in going:
+            delivery = arrival.delivery
             policy = arrival.policy
             limit = local_limit(policy, self.config.docket)
             if limit is not None:  # (one step claims it into a slot: local_slots)

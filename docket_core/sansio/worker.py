@@ -60,6 +60,7 @@ from .effects import (
 from .errors import InternalError
 from .flight import Count, InFlight, WorkerConfig
 from .inputs import (
+    Arrival,
     BlockedAction,
     Buried,
     CancelRequested,
@@ -145,6 +146,9 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         )
         self.chains = ReleaseChains(docket=config.docket, outbox=self.outbox)
         self.local = LocalWaits()
+        #: deliveries a read brought beyond the room, in arrival order
+        #: (``read_steps``): held, waiting for runs to end
+        self._backlog: dict[str, Arrival] = {}
         #: a ``Read`` is out; the next one recovers lost deliveries; not before
         self._reading = False
         self._recover = False
@@ -237,6 +241,8 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
             self._refuse()
         if self._read_due is not None:
             now, self._read_due = self._read_due, None
+            if self._backlog:
+                self._from_backlog(now)
             self._maybe_read(now)
         hand_out = self.outbox.hand_out
         out, self._effects, self.batch_turn = hand_out(self._effects, self._now)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from machines import arrival, make_machine, of_type
 
-from docket_core.sansio.effects import Claim, Finish, Heartbeat, Read
+from docket_core.sansio.effects import Claim, Finish, Heartbeat, Read, RenewLeases, StartTask
 from docket_core.sansio.inputs import (
     Claimed,
     ClaimVerdict,
@@ -145,3 +145,36 @@ def test_a_malformed_entry_is_buried_with_its_reason_and_never_claimed() -> None
     assert "bad" not in machine.in_flight and machine.counters["malformed"] == 1
     machine.store_replied([bury], [Buried(delivery_id="bad", moved=True)], 1.1)
     assert machine.counters["dead_lettered"] == 1
+
+
+def test_a_recovering_read_that_brings_more_than_the_room_runs_no_more_than_concurrency() -> None:
+    """A recovering read hands back every delivery the store counts as this
+    worker's: those beyond the room wait, held, and go on as runs end."""
+    machine = reading_machine(concurrency=2, start_early=False)
+    machine.receive(Tick(now=0.0))
+    machine.effects()
+    arrivals = tuple(arrival(f"d{i}", redelivered=True) for i in range(5))
+    machine.receive(ReadDone(arrivals=arrivals, next_due=None, now=0.0))
+    effects = machine.effects()
+    (claim,) = of_type(effects, Claim)
+    assert [item.delivery_id for item in claim.items] == ["d0", "d1"]
+    assert of_type(effects, Read) == []  # (five held, none of them finishing)
+    assert set(machine.in_flight) == {f"d{i}" for i in range(5)}
+    machine.store_replied(
+        [claim],
+        [Claimed(verdicts=(("d0", ClaimVerdict.CLAIMED), ("d1", ClaimVerdict.CLAIMED)))],
+        0.1,
+    )
+    started = of_type(machine.effects(), StartTask)
+    assert [start.delivery_id for start in started] == ["d0", "d1"]
+    # the waiting ones are held: their leases are renewed with the others'
+    machine.receive(Tick(now=machine.config.renew_interval))
+    (renewal,) = of_type(machine.effects(), RenewLeases)
+    assert set(renewal.delivery_ids) == {f"d{i}" for i in range(5)}
+    # one run ends: the oldest waiting delivery goes on, and only it
+    machine.receive(TaskEnded(delivery_id="d0", now=0.2, outcome=TaskOutcome.SUCCEEDED))
+    effects = machine.effects()
+    assert len(of_type(effects, Finish)) == 1
+    (claim,) = of_type(effects, Claim)
+    assert [item.delivery_id for item in claim.items] == ["d2"]
+    assert of_type(effects, Read) == []
