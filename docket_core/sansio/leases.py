@@ -67,6 +67,7 @@ class _Machine(Protocol):
     _leases_confirmed_at: float
     _fence_at: float
     _next_renewal: float
+    _now: float
 
     def holder(self, delivery_id: str) -> str: ...
 
@@ -75,6 +76,8 @@ class _Machine(Protocol):
     def _maybe_goodbye(self, now: float) -> None: ...
 
     def _lease_lost(self, delivery_id: str) -> None: ...
+
+    def _unready(self, flight: InFlight, now: float) -> None: ...
 
     def _give_up(self, effects: Sequence[StoreEffect], now: float) -> None: ...
 
@@ -121,11 +124,13 @@ class LeaseSteps:
         flight = self.in_flight.get(delivery_id)
         if flight is None:
             return
-        was_stoppable = flight.phase in lifecycle.STOPPABLE
-        flight.phase = lifecycle.advance(flight.phase, Step.LEASE_LOST)
+        was = flight.phase
+        flight.phase = lifecycle.advance(was, Step.LEASE_LOST)
         self.counters[Count.LEASE_LOST] += 1
-        if was_stoppable:
+        if was in lifecycle.STOPPABLE:
             self._effects.append(stop_task(delivery_id, StopReason.LEASE_LOST, flight.message))
+        elif was is Phase.READY:
+            self._unready(flight, self._now)
 
     def _store_failed(self: _Machine, event: ReplyLost | StoreFailed) -> None:
         self.counters[Count.STORE_ERRORS] += 1

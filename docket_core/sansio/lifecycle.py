@@ -60,6 +60,15 @@ then a cancellation that came just after the start.  The run is stopped
 the verdict waits for it (``EARLY_ENDED``): its end is recorded only once
 claimed, so no outcome is recorded for a run the store never let start.
 
+A worker runs at most ``concurrency`` functions at once.  A delivery the
+store lets start (claimed, admitted, its slot acquired or confirmed) while
+the worker runs that many waits ``READY`` (``no_room``), holding what the
+store gave it (its lease, its slot), and starts (``run``) as soon as a run
+ends; stopped meanwhile, it never starts (``CANCELLING``, ``ABANDONING``,
+as above).  A worker asks for slots ahead of its room (``local_slots``)
+only as many as it has runs whose ends are out to the store, so a
+``READY`` delivery waits about one round trip.
+
 The table, as ``diagram()`` draws it (``python -m docket_core.sansio --diagram``;
 a test checks that the two agree); steps that lead to the same phase share a
 line, and ``(stays)`` lists the steps that change nothing::
@@ -73,6 +82,7 @@ line, and ``(stays)`` lists the steps that change nothing::
                            claim_lost | given_up                       -> DONE
                            cancel                                      -> CLAIMING_CANCELLED
                            lease_lost                                  -> CLAIMING_LOST
+                           no_room                                     -> READY
     CLAIMING_CANCELLED     claimed                                     -> CANCELLING
                            claim_lost | given_up                       -> DONE
                            lease_lost                                  -> CLAIMING_LOST
@@ -85,6 +95,7 @@ line, and ``(stays)`` lists the steps that change nothing::
                            cancel                                      -> ADMITTING_CANCELLED
                            lease_lost                                  -> ADMITTING_LOST
                            take                                        -> TAKING
+                           no_room                                     -> READY
     ADMITTING_CANCELLED    slot_acquired | admitted                    -> CANCELLING
                            slot_parked | blocked | given_up            -> DONE
                            lease_lost                                  -> ADMITTING_LOST
@@ -109,6 +120,7 @@ line, and ``(stays)`` lists the steps that change nothing::
                            cancel                                      -> CONFIRMING_CANCELLED
                            lease_lost                                  -> CONFIRMING_LOST
                            given_up                                    -> DONE
+                           no_room                                     -> READY
     CONFIRMING_CANCELLED   slot_confirmed                              -> CANCELLING
                            lease_lost                                  -> CONFIRMING_LOST
                            given_up                                    -> DONE
@@ -132,6 +144,9 @@ line, and ``(stays)`` lists the steps that change nothing::
     EARLY_CANCELLED        claimed                                     -> FINISHING
                            claim_lost | given_up                       -> DONE
                            cancel | lease_lost                         (stays)
+    READY                  run                                         -> RUNNING
+                           cancel                                      -> CANCELLING
+                           lease_lost                                  -> ABANDONING
     RUNNING                ended                                       -> FINISHING
                            timeout                                     -> TIMING_OUT
                            cancel                                      -> CANCELLING
@@ -198,6 +213,9 @@ class Phase(Symbol):
     #: ``EARLY_CANCELLING`` and the function ended: as ``EARLY_ENDED``, and
     #: once claimed it ends as a run cancelled while it ran (nothing follows)
     EARLY_CANCELLED = "early_cancelled"
+    #: the store let it start, but the worker runs ``concurrency`` functions
+    #: already: it starts (``run``) as soon as one of them ends
+    READY = "ready"
     #: the task function runs
     RUNNING = "running"
     #: its key was cancelled (``CancelTask`` sent, or it never started): it
@@ -237,6 +255,10 @@ class Step(Symbol):
     SLOT_CONFIRMED = "slot_confirmed"
     #: ``Park`` answered: the key waits, or the delivery was only settled
     PARKED = "parked"
+    #: the store let it start, and the worker has no room for a run (``READY``)
+    NO_ROOM = "no_room"
+    #: a run ended and made room for a ``READY`` one
+    RUN = "run"
     TIMEOUT = "timeout"
     CANCEL = "cancel"
     LEASE_LOST = "lease_lost"
@@ -348,6 +370,12 @@ TRANSITIONS: dict[tuple[Phase, Step], Phase] = {
     (P.EARLY_CANCELLED, S.GIVEN_UP): P.DONE,
     (P.EARLY_CANCELLED, S.CANCEL): P.EARLY_CANCELLED,
     (P.EARLY_CANCELLED, S.LEASE_LOST): P.EARLY_CANCELLED,
+    (P.CLAIMING, S.NO_ROOM): P.READY,
+    (P.ADMITTING, S.NO_ROOM): P.READY,
+    (P.CONFIRMING, S.NO_ROOM): P.READY,
+    (P.READY, S.RUN): P.RUNNING,
+    (P.READY, S.CANCEL): P.CANCELLING,
+    (P.READY, S.LEASE_LOST): P.ABANDONING,
     (P.RUNNING, S.ENDED): P.FINISHING,
     (P.RUNNING, S.TIMEOUT): P.TIMING_OUT,
     (P.RUNNING, S.CANCEL): P.CANCELLING,

@@ -32,6 +32,15 @@ limit, take the store's way (their steps park them), so waiting here never
 holds a worker's capacity long.  A stopping worker sends every delivery that
 waits here its step at once.
 
+Asking ahead: a delivery whose step is out cannot start before the store's
+answer, one round trip.  So that a drain of limited tasks does not leave a
+run's room idle for that long at every start, the deliveries whose steps
+are out leave their room to the next read, as many as the runs whose ends
+are out to the store (``read_steps``: ``_room``): about as many runs as end
+within one round trip.  A step that comes back with a slot while the worker
+runs ``concurrency`` functions leaves its delivery ``READY`` (``lifecycle``):
+it starts when the next run ends.
+
 ``SlotStep`` answers with the claim's verdict: the machine moves the
 delivery's phase as a ``Claim`` would (``claimed`` into a slot: it runs;
 anything else, a parking included: the store settled the delivery, it is

@@ -36,7 +36,7 @@ from .effects import Claim, ClaimItem, Effect, Read, StartTask
 from .flight import Count, InFlight, WorkerConfig
 from .inputs import Arrival, ReadDone
 from .lifecycle import Phase, Step
-from .local_slots import SlotTake, local_limit
+from .local_slots import LocalWaits, SlotTake, local_limit
 from .outbox import Outbox
 from .values import ConcurrencyPolicy
 
@@ -61,6 +61,8 @@ class _Machine(Protocol):
     _next_due: float | None
     _fence_at: float
     _backlog: dict[str, Arrival]
+    _runs: int
+    local: LocalWaits
 
     @property
     def capacity(self) -> int: ...
@@ -191,13 +193,18 @@ class ReadSteps:
     def _room(self: _Machine) -> int:
         """How many more deliveries may go on towards a run now:
         ``concurrency`` less the deliveries held that run or will run (not
-        those whose end is out, ``FINISHING``, nor those in the backlog)."""
+        those whose end is out, ``FINISHING``, nor those in the backlog),
+        and, ahead, up to as many as have their end out of those whose slot
+        step is out (``local_slots``)."""
         backlog = self._backlog
-        taken = 0
+        taken = finishing = 0
         for delivery_id, flight in self.in_flight.items():
-            if flight.phase is not _FINISHING and delivery_id not in backlog:
+            if flight.phase is _FINISHING:
+                finishing += 1
+            elif delivery_id not in backlog:
                 taken += 1
-        return self.config.concurrency - taken
+        ahead = min(len(self.local.acquiring), finishing)
+        return self.config.concurrency - taken + ahead
 
     def _from_backlog(self: _Machine, now: float) -> None:
         """Send the deliveries of the backlog on, oldest first, as far as
@@ -238,6 +245,7 @@ class ReadSteps:
                 continue
             if (
                 early
+                and self._runs + len(starts) < self.config.concurrency
                 and not delivery.redelivered
                 and policy.concurrency is None
                 and policy.timeout is None
@@ -271,6 +279,7 @@ class ReadSteps:
                 self._effects.insert(0, claim)
             else:
                 self._effects.append(claim)
+        self._runs += len(starts)
         for flight in starts:  # (the claim goes out first)
             flight.started_at = now
             self.counters[_STARTED] += 1

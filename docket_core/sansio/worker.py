@@ -26,7 +26,7 @@ with an ``InternalError`` naming that first error.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -94,7 +94,6 @@ from .stopping import stop_task, timed_out_end
 # up on its enum class costs several times a global's lookup
 _RUNNING, _TIMING_OUT, _CANCELLING = Phase.RUNNING, Phase.TIMING_OUT, Phase.CANCELLING
 _EARLY_RUNNING, _EARLY = Phase.EARLY_RUNNING, lifecycle.EARLY
-_FINISHING = Phase.FINISHING
 #: the phases in which the verdict of a claim comes after the run started
 _STARTED_BEFORE_VERDICT = lifecycle.EARLY | {Phase.EARLY_ENDED, Phase.EARLY_CANCELLED}
 _DELIVERED, _REDELIVERED, _STARTED = Count.DELIVERED, Count.REDELIVERED, Count.STARTED
@@ -146,6 +145,10 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         )
         self.chains = ReleaseChains(docket=config.docket, outbox=self.outbox)
         self.local = LocalWaits()
+        #: the task functions running (started, their ``TaskEnded`` not in)
+        self._runs = 0
+        #: the ``READY`` deliveries, oldest first (``lifecycle``)
+        self._ready: deque[str] = deque()
         #: deliveries a read brought beyond the room, in arrival order
         #: (``read_steps``): held, waiting for runs to end
         self._backlog: dict[str, Arrival] = {}
@@ -177,17 +180,15 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         """How many more deliveries this worker may take now: ``concurrency``
         less those it runs or will run.  A delivery whose end is out to the
         store (``FINISHING``) leaves its room to the next read, so that read
-        goes out with the ends, not after their reply; at most
-        ``concurrency`` of them do, so a worker holds at most twice its
-        concurrency in deliveries."""
+        goes out with the ends, not after their reply; so does a delivery
+        whose slot step is out, as long as as many ends are out (it may wait
+        ``READY``, see ``lifecycle``); at most ``concurrency`` of them do, so
+        a worker holds at most twice its concurrency in deliveries.  None
+        while the backlog of a read waits (``read_steps``)."""
         if not self.accepting:
             return 0
-        concurrency, held = self.config.concurrency, len(self.in_flight)
-        finishing = 0
-        for flight in self.in_flight.values():
-            if flight.phase is _FINISHING:
-                finishing += 1
-        return max(min(concurrency - held + finishing, 2 * concurrency - held), 0)
+        room = self._room() - len(self._backlog)
+        return max(min(room, 2 * self.config.concurrency - len(self.in_flight)), 0)
 
     @property
     def idle(self) -> bool:
@@ -274,7 +275,10 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
 
     def _receive(self, event: Input) -> None:
         if type(event) is TaskEnded:
+            self._runs -= 1
             self._task_ended(event)
+            if self._ready:
+                self._run_ready(event.now)
         elif type(event) is ReadDone:
             assert isinstance(event, ReadDone)
             self._read_done(event)
@@ -427,6 +431,15 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
             )
 
     def _start(self, flight: InFlight, step: Step, now: float) -> None:
+        """The store let ``flight`` start (``step``): it runs, or, with no
+        room for a run, waits ``READY``; stopped meanwhile, it ends unrun."""
+        if (
+            self._runs >= self.config.concurrency
+            and lifecycle.advance(flight.phase, step) is _RUNNING
+        ):
+            flight.phase = lifecycle.advance(flight.phase, Step.NO_ROOM)
+            self._ready.append(flight.delivery_id)
+            return
         flight.phase = lifecycle.advance(flight.phase, step)
         flight.started_at = now
         if flight.phase is not _RUNNING:
@@ -440,7 +453,23 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
             flight.deadline = now + flight.policy.timeout
             self._timeouts += 1
         self.counters[_STARTED] += 1
+        self._runs += 1
         self._effects.append(StartTask(delivery_id=flight.delivery_id))
+
+    def _run_ready(self, now: float) -> None:
+        """Start the ``READY`` deliveries, oldest first, while there is room."""
+        ready, in_flight = self._ready, self.in_flight
+        while ready and self._runs < self.config.concurrency:
+            flight = in_flight.get(ready.popleft())
+            if flight is not None and flight.phase is Phase.READY:
+                self._start(flight, Step.RUN, now)
+
+    def _unready(self, flight: InFlight, now: float) -> None:
+        """A ``READY`` delivery stopped (``CANCELLING``, ``ABANDONING``): it
+        never starts, and ends as a run stopped at once would."""
+        self._task_ended(
+            TaskEnded(delivery_id=flight.delivery_id, now=now, outcome=TaskOutcome.CANCELLED)
+        )
 
     def _task_ended(self, event: TaskEnded) -> None:
         flight = self.in_flight.get(event.delivery_id)
@@ -553,11 +582,13 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
                 continue
             if event.generation is not None and flight.message.generation >= event.generation:
                 continue  # added again after the cancel
-            was_running = flight.phase is _RUNNING or flight.phase is _EARLY_RUNNING
-            flight.phase = lifecycle.advance(flight.phase, Step.CANCEL)
-            if was_running:
+            was = flight.phase
+            flight.phase = lifecycle.advance(was, Step.CANCEL)
+            if was is _RUNNING or was is _EARLY_RUNNING:
                 stop = stop_task(flight.delivery_id, StopReason.CANCELLED, flight.message)
                 self._effects.append(stop)
+            elif was is Phase.READY:
+                self._unready(flight, event.now)
 
     def _tick(self, now: float) -> None:
         lapsed = self.outbox.lapsed(now)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from machines import (
     LIMIT,
     arrival,
+    claim_all,
     deliver,
     end,
     make_machine,
@@ -341,3 +342,69 @@ def test_a_resent_take_answered_lost_never_starts() -> None:
     (step,) = deliver(machine, arrival("d1", policy=LIMITED))
     assert of_type(reply(machine, step, stepped(step, TAKE_LOST), 1.0), StartTask) == []
     assert "d1" not in machine.in_flight  # left to the store: no acknowledgement
+
+
+# -- no room for a run: READY ------------------------------------------------------------
+
+
+def _ready_behind_two_runs(machine: WorkerMachine) -> SlotStep:
+    """Concurrency 2: u1 and u2 run, and d2's step, sent ahead of the room
+    while d1's end was out, comes back with a slot: d2 waits ``READY``.
+    Returns d2's step."""
+    assert start_limited(machine, arrival("d1", policy=LIMITED)) == [StartTask(delivery_id="d1")]
+    (claim,) = deliver(machine, arrival("u1", redelivered=True))
+    assert claim_all(machine, claim) == [StartTask(delivery_id="u1")]
+    assert machine.capacity == 0
+    (end_step,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 1.0)
+    assert machine.capacity == 1  # d1's end is out: its room goes to a read
+    (step,) = deliver(machine, arrival("d2", policy=LIMITED), now=1.0)
+    # d2's step is out as d1's end is: a read may go out ahead of them
+    assert machine.capacity == 1
+    (claim,) = deliver(machine, arrival("u2", redelivered=True), now=1.1)
+    assert claim_all(machine, claim, 1.2) == [StartTask(delivery_id="u2")]
+    assert reply(machine, end_step, stepped(end_step), 1.2) == []
+    assert reply(machine, step, stepped(step), 1.3) == []  # no room: no start
+    assert machine.in_flight["d2"].phase is Phase.READY
+    assert machine.in_flight["d2"].slot == LIMIT.limit_key
+    assert machine.capacity == 0
+    return step
+
+
+def test_a_slot_that_comes_back_with_no_room_waits_ready_and_starts_when_a_run_ends() -> None:
+    machine = make_machine(concurrency=2)
+    _ready_behind_two_runs(machine)
+    # its slot is renewed with its lease while it waits
+    machine.receive(Tick(now=machine.config.renew_interval))
+    (renew,) = of_type(machine.effects(), RenewLeases)
+    assert "d2" in renew.delivery_ids
+    assert HeldSlot(limit_key=LIMIT.limit_key, holder="w1/d2") in renew.slots
+    effects = end(machine, "u1", TaskOutcome.SUCCEEDED, 2.0)
+    assert of_type(effects, StartTask) == [StartTask(delivery_id="d2")]
+    assert len(of_type(effects, Finish)) == 1
+    assert machine.in_flight["d2"].phase is Phase.RUNNING
+    assert machine.in_flight["d2"].started_at == 2.0
+    assert machine.counters["started"] == 4
+
+
+def test_a_ready_delivery_cancelled_never_starts_and_releases_its_slot() -> None:
+    machine = make_machine(concurrency=2)
+    _ready_behind_two_runs(machine)
+    machine.receive(CancelRequested(key="key-d2", now=1.5))
+    (step,) = machine.effects()
+    assert isinstance(step, SlotStep) and isinstance(step.finish, Finish)
+    assert step.finish.state is ExecutionState.CANCELLED
+    assert step.release == ReleaseSlot(limit_key=LIMIT.limit_key, holder="w1/d2", now=1.5)
+    # a run that ends makes no start of it
+    assert of_type(end(machine, "u1", TaskOutcome.SUCCEEDED, 2.0), StartTask) == []
+    assert machine.counters["started"] == 3
+
+
+def test_a_ready_delivery_whose_lease_is_lost_never_starts_and_releases_its_slot() -> None:
+    machine = make_machine(concurrency=2)
+    _ready_behind_two_runs(machine)
+    renew = RenewLeases(worker="w1", delivery_ids=("d2",), slots=(), now=1.5)
+    (step,) = reply(machine, renew, LeasesRenewed(lost=("d2",)), 1.5)
+    assert isinstance(step, SlotStep) and step.finish is None
+    assert step.release == ReleaseSlot(limit_key=LIMIT.limit_key, holder="w1/d2", now=1.5)
+    assert "d2" not in machine.in_flight and machine.counters["abandoned"] == 1
+    assert of_type(end(machine, "u1", TaskOutcome.SUCCEEDED, 2.0), StartTask) == []
