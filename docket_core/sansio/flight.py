@@ -14,6 +14,10 @@ from .lifecycle import Phase
 from .outbox import BACKOFF_CAP
 from .values import TaskMessage, TaskPolicy
 
+#: the weight of the newest figure in the worker's moving averages (the mean
+#: time of a run and of a slot step's round trip: ``read_steps._room``)
+MEAN_WEIGHT = 0.125
+
 
 @attrs.frozen(slots=True, kw_only=True)
 class WorkerConfig:

@@ -67,7 +67,6 @@ class _Machine(Protocol):
     _leases_confirmed_at: float
     _fence_at: float
     _next_renewal: float
-    _now: float
 
     def holder(self, delivery_id: str) -> str: ...
 
@@ -75,7 +74,7 @@ class _Machine(Protocol):
 
     def _maybe_goodbye(self, now: float) -> None: ...
 
-    def _lease_lost(self, delivery_id: str) -> None: ...
+    def _lease_lost(self, delivery_id: str, now: float) -> None: ...
 
     def _unready(self, flight: InFlight, now: float) -> None: ...
 
@@ -120,7 +119,7 @@ class LeaseSteps:
             reason = StopReason.LEASE_LOST if verdict is ClaimVerdict.LOST else StopReason.CANCELLED
             self._effects.append(stop_task(flight.delivery_id, reason, flight.message))
 
-    def _lease_lost(self: _Machine, delivery_id: str) -> None:
+    def _lease_lost(self: _Machine, delivery_id: str, now: float) -> None:
         flight = self.in_flight.get(delivery_id)
         if flight is None:
             return
@@ -130,7 +129,7 @@ class LeaseSteps:
         if was in lifecycle.STOPPABLE:
             self._effects.append(stop_task(delivery_id, StopReason.LEASE_LOST, flight.message))
         elif was is Phase.READY:
-            self._unready(flight, self._now)
+            self._unready(flight, now)
 
     def _store_failed(self: _Machine, event: ReplyLost | StoreFailed) -> None:
         self.counters[Count.STORE_ERRORS] += 1
@@ -216,7 +215,7 @@ class LeaseSteps:
             if due <= now:
                 self.counters[Count.FENCED] += 1
                 flight.slot = None
-                self._lease_lost(flight.delivery_id)
+                self._lease_lost(flight.delivery_id, now)
             else:
                 self._fence_at = min(self._fence_at, due)
 

@@ -66,8 +66,8 @@ the worker runs that many waits ``READY`` (``no_room``), holding what the
 store gave it (its lease, its slot), and starts (``run``) as soon as a run
 ends; stopped meanwhile, it never starts (``CANCELLING``, ``ABANDONING``,
 as above).  A worker asks for slots ahead of its room (``local_slots``)
-only as many as it has runs whose ends are out to the store, so a
-``READY`` delivery waits about one round trip.
+only as many as its runs are expected to end within one round trip, so a
+``READY`` delivery waits about one round trip on average.
 
 The table, as ``diagram()`` draws it (``python -m docket_core.sansio --diagram``;
 a test checks that the two agree); steps that lead to the same phase share a

@@ -33,13 +33,15 @@ holds a worker's capacity long.  A stopping worker sends every delivery that
 waits here its step at once.
 
 Asking ahead: a delivery whose step is out cannot start before the store's
-answer, one round trip.  So that a drain of limited tasks does not leave a
-run's room idle for that long at every start, the deliveries whose steps
-are out leave their room to the next read, as many as the runs whose ends
-are out to the store (``read_steps``: ``_room``): about as many runs as end
-within one round trip.  A step that comes back with a slot while the worker
-runs ``concurrency`` functions leaves its delivery ``READY`` (``lifecycle``):
-it starts when the next run ends.
+answer, one round trip.  So that a drain of short limited tasks does not
+leave a run's room idle for that long at every start, the deliveries whose
+steps are out leave their room to the next read, as many as the runs going
+are expected to end within one round trip (``read_steps``: ``_room``, from
+the mean time of a run and of a step).  A step that comes back with a slot
+while the worker runs ``concurrency`` functions leaves its delivery
+``READY`` (``lifecycle``): it starts when the next run ends, about one
+round trip later on average.  A worker whose runs are long next to a
+round trip asks nothing ahead.
 
 ``SlotStep`` answers with the claim's verdict: the machine moves the
 delivery's phase as a ``Claim`` would (``claimed`` into a slot: it runs;
@@ -63,7 +65,7 @@ from .effects import (
     Request,
     StoreEffect,
 )
-from .flight import Count, InFlight, WorkerConfig
+from .flight import MEAN_WEIGHT, Count, InFlight, WorkerConfig
 from .inputs import ClaimVerdict, Outcome
 from .lifecycle import Phase, Step
 from .outbox import Outbox
@@ -190,6 +192,7 @@ class _Machine(Protocol):
     local: LocalWaits
     _effects: list[Effect]
     _holder_prefix: str
+    _step_time: float | None
 
     def _start(self, flight: InFlight, step: Step, now: float) -> None: ...
 
@@ -223,6 +226,9 @@ class _Machine(Protocol):
 class LocalSlotSteps:
     """The worker machine's slot steps on its own limits (mixed into it
     through ``scoped_slots.SlotSteps``)."""
+
+    #: the mean round trip of a step (``None`` until one is known)
+    _step_time: float | None
 
     # -- a delivery arrives ---------------------------------------------------------
 
@@ -419,6 +425,8 @@ class LocalSlotSteps:
             self._effects.extend(self._released_links(effect.release, outcome.wake, now))
         if not effect.takes:
             return
+        took, mean = now - effect.now, self._step_time  # (read_steps._room)
+        self._step_time = took if mean is None else mean + (took - mean) * MEAN_WEIGHT
         local, in_flight, counters = self.local, self.in_flight, self.counters
         freed: set[str] = set()
         for take, answer in zip(effect.takes, outcome.takes, strict=True):

@@ -35,7 +35,9 @@ store has one.
   leaves its deliveries to the store), when a failure or the resend finds it
   so (``lapsed``: a worker that stalled, or whose clock jumped, sends nothing
   of it); the store remembers outcomes for longer than that, so a resend
-  never meets a store that forgot it (and acts again).  Once the worker
+  never meets a store that forgot it (and acts again).  The window counts
+  from the streak's first batch's send (its ``now``), not from when its loss
+  was heard: a reply lost late must not stretch it past the store's memory.  Once the worker
   is stopping (``stop``), a streak longer than one ``retry_delay`` does: a
   stopping worker tries once more, then leaves the rest to redelivery.
 - ``refusals_allowed`` errors in a row make the failure ``fatal``.
@@ -90,6 +92,9 @@ class Outbox:
         self._failed: list[StoreEffect] = []
         self.resend_at: float | None = None
         self._failing_since: float | None = None
+        #: when the first batch of the streak went out: the store remembers
+        #: its requests from then (``lapsed``)
+        self._streak_sent = 0.0
         #: failures in a row (the backoff), and refusals among them
         self._failures = 0
         self._refusals = 0
@@ -186,9 +191,14 @@ class Outbox:
                 return ()
         if self._failing_since is None:
             self._failing_since = now
-        window = self._retry_delay if self._stopping else self._resend_window
-        if now - self._failing_since >= window:
-            self._failing_since = now
+            # the store remembers from the time it ran the batch, not from
+            # when its loss was heard
+            sent_at: float = min((e.now for e in event.effects), default=now)  # type: ignore[attr-defined]
+            self._streak_sent = min(now, sent_at)
+        if now - self._streak_sent >= self._resend_window or (
+            self._stopping and now - self._failing_since >= self._retry_delay
+        ):
+            self._failing_since = self._streak_sent = now
             return event.effects
         self._failed = list(event.effects)
         self._behind = list(self._out)
@@ -258,13 +268,12 @@ class Outbox:
         """The failed batch, given up, when its resend comes a resend window
         or more into the streak (the worker stalled): the store may have
         forgotten it by then.  ``resend`` then sends only what was held back."""
-        since = self._failing_since
-        if self.resend_at is None or now < self.resend_at or since is None:
+        if self.resend_at is None or now < self.resend_at or self._failing_since is None:
             return ()
-        if now - since < self._resend_window:
+        if now - self._streak_sent < self._resend_window:
             return ()
         given_up, self._failed = tuple(self._failed), []
-        self._failing_since = now
+        self._failing_since = self._streak_sent = now
         return given_up
 
     def resend(self, now: float, held: list[Effect]) -> list[Effect] | None:

@@ -62,6 +62,8 @@ class _Machine(Protocol):
     _fence_at: float
     _backlog: dict[str, Arrival]
     _runs: int
+    _run_time: float | None
+    _step_time: float | None
     local: LocalWaits
 
     @property
@@ -194,17 +196,19 @@ class ReadSteps:
         """How many more deliveries may go on towards a run now:
         ``concurrency`` less the deliveries held that run or will run (not
         those whose end is out, ``FINISHING``, nor those in the backlog),
-        and, ahead, up to as many as have their end out of those whose slot
-        step is out (``local_slots``)."""
+        and, ahead, those whose slot step is out, up to as many as the runs
+        going are expected to end within one step's round trip (the mean
+        time of each: ``local_slots``)."""
         backlog = self._backlog
-        taken = finishing = 0
+        taken = 0
         for delivery_id, flight in self.in_flight.items():
-            if flight.phase is _FINISHING:
-                finishing += 1
-            elif delivery_id not in backlog:
+            if flight.phase is not _FINISHING and delivery_id not in backlog:
                 taken += 1
-        ahead = min(len(self.local.acquiring), finishing)
-        return self.config.concurrency - taken + ahead
+        room = self.config.concurrency - taken
+        stepping, run_time, step_time = len(self.local.acquiring), self._run_time, self._step_time
+        if stepping and run_time and step_time is not None:
+            room += min(stepping, int(self._runs * step_time / run_time))
+        return room
 
     def _from_backlog(self: _Machine, now: float) -> None:
         """Send the deliveries of the backlog on, oldest first, as far as

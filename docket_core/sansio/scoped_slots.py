@@ -305,7 +305,7 @@ class _Machine(Protocol):
 
     def _start(self, flight: InFlight, step: Step, now: float) -> None: ...
 
-    def _lease_lost(self, delivery_id: str) -> None: ...
+    def _lease_lost(self, delivery_id: str, now: float) -> None: ...
 
     def _slot_held_from(self, flight: InFlight, at: float) -> None: ...
 
@@ -383,7 +383,7 @@ class SlotSteps(LocalSlotSteps):
         if outcome.lost:
             # a resent acquisition whose slot was taken over meanwhile: the
             # delivery is another worker's by now, and never starts here
-            self._lease_lost(outcome.delivery_id)
+            self._lease_lost(outcome.delivery_id, now)
             self._start(flight, Step.SLOT_ACQUIRED, now)
         elif outcome.acquired:
             assert flight.policy.concurrency is not None
@@ -402,7 +402,7 @@ class SlotSteps(LocalSlotSteps):
             return
         if outcome.lost:
             # a resend whose slot was taken over meanwhile: as its lease, lost
-            self._lease_lost(outcome.delivery_id)
+            self._lease_lost(outcome.delivery_id, now)
         if outcome.acquired:
             flight.slot = effect.limit_key
             self._slot_held_from(flight, effect.now)
@@ -444,7 +444,7 @@ class SlotSteps(LocalSlotSteps):
         if flight is None:
             return
         if outcome.lost:
-            self._lease_lost(outcome.delivery_id)
+            self._lease_lost(outcome.delivery_id, now)
         self._start(flight, Step.SLOT_CONFIRMED, now)
 
     def _parked(self: _Machine, outcome: Parked, now: float) -> None:
@@ -454,7 +454,7 @@ class SlotSteps(LocalSlotSteps):
         if flight is None:
             return
         if outcome.lost:
-            self._lease_lost(outcome.delivery_id)
+            self._lease_lost(outcome.delivery_id, now)
         else:
             self.counters[Count.PARKED] += 1
         flight.phase = lifecycle.advance(flight.phase, Step.PARKED)

@@ -58,7 +58,7 @@ from .effects import (
     StoreEffect,
 )
 from .errors import InternalError
-from .flight import Count, InFlight, WorkerConfig
+from .flight import MEAN_WEIGHT, Count, InFlight, WorkerConfig
 from .inputs import (
     Arrival,
     BlockedAction,
@@ -149,6 +149,11 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         self._runs = 0
         #: the ``READY`` deliveries, oldest first (``lifecycle``)
         self._ready: deque[str] = deque()
+        #: the mean time of a run and of a slot step's round trip (moving
+        #: averages; ``None`` until one is known): how many runs end within
+        #: one round trip (``read_steps._room``)
+        self._run_time: float | None = None
+        self._step_time: float | None = None
         #: deliveries a read brought beyond the room, in arrival order
         #: (``read_steps``): held, waiting for runs to end
         self._backlog: dict[str, Arrival] = {}
@@ -180,15 +185,16 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         """How many more deliveries this worker may take now: ``concurrency``
         less those it runs or will run.  A delivery whose end is out to the
         store (``FINISHING``) leaves its room to the next read, so that read
-        goes out with the ends, not after their reply; so does a delivery
-        whose slot step is out, as long as as many ends are out (it may wait
-        ``READY``, see ``lifecycle``); at most ``concurrency`` of them do, so
-        a worker holds at most twice its concurrency in deliveries.  None
-        while the backlog of a read waits (``read_steps``)."""
-        if not self.accepting:
+        goes out with the ends, not after their reply; so do deliveries
+        whose slot steps are out, as many as runs are expected to end within
+        a round trip (``read_steps._room``; they may wait ``READY``, see
+        ``lifecycle``).  At most ``concurrency`` deliveries leave their room,
+        so, but for the backlog of a recovering read (``read_steps``), a
+        worker holds at most twice its concurrency in deliveries.  None
+        while that backlog waits."""
+        if not self.accepting or self._backlog:
             return 0
-        room = self._room() - len(self._backlog)
-        return max(min(room, 2 * self.config.concurrency - len(self.in_flight)), 0)
+        return max(min(self._room(), 2 * self.config.concurrency - len(self.in_flight)), 0)
 
     @property
     def idle(self) -> bool:
@@ -276,6 +282,11 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
     def _receive(self, event: Input) -> None:
         if type(event) is TaskEnded:
             self._runs -= 1
+            flight = self.in_flight.get(event.delivery_id)
+            if flight is not None:  # (the mean run time: ``read_steps._room``)
+                took = event.now - flight.started_at
+                mean = self._run_time
+                self._run_time = took if mean is None else mean + (took - mean) * MEAN_WEIGHT
             self._task_ended(event)
             if self._ready:
                 self._run_ready(event.now)
@@ -348,14 +359,14 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
                 assert isinstance(outcome, LeasesRenewed) and isinstance(effect, RenewLeases)
                 self._renewed(effect)
                 for delivery_id in outcome.lost:
-                    self._lease_lost(delivery_id)
+                    self._lease_lost(delivery_id, now)
                 for holder in outcome.lost_slots:
                     # the slot was taken over as stale: the run must stop too
                     delivery_id = holder.removeprefix(self._holder_prefix)
                     flight = self.in_flight.get(delivery_id)
                     if flight is not None:
                         flight.slot = None
-                        self._lease_lost(delivery_id)
+                        self._lease_lost(delivery_id, now)
         self._maybe_goodbye(now)
         self._maybe_read(now)
 
@@ -406,7 +417,7 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         if flight is None:
             return
         if outcome.verdict is Verdict.LOST:  # another worker holds it now: no start here
-            self._lease_lost(outcome.delivery_id)
+            self._lease_lost(outcome.delivery_id, now)
             self._start(flight, Step.ADMITTED, now)
         elif outcome.verdict is Verdict.ADMIT:
             following = None
@@ -432,14 +443,21 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
 
     def _start(self, flight: InFlight, step: Step, now: float) -> None:
         """The store let ``flight`` start (``step``): it runs, or, with no
-        room for a run, waits ``READY``; stopped meanwhile, it ends unrun."""
-        if (
-            self._runs >= self.config.concurrency
-            and lifecycle.advance(flight.phase, step) is _RUNNING
-        ):
-            flight.phase = lifecycle.advance(flight.phase, Step.NO_ROOM)
-            self._ready.append(flight.delivery_id)
-            return
+        room for a run, waits ``READY``; stopped meanwhile, or fenced (its
+        lease lapsed before the answer came, as the next tick's ``_fence``
+        would find), it ends unrun."""
+        if lifecycle.advance(flight.phase, step) is _RUNNING:
+            if flight.renewed_at + self.config.fence_after <= now:
+                # another worker may hold it, and its slot, by now
+                self.counters[Count.FENCED] += 1
+                was = flight.phase
+                self._lease_lost(flight.delivery_id, now)
+                if was is Phase.READY:
+                    return  # (ended by its lost lease)
+            elif self._runs >= self.config.concurrency:
+                flight.phase = lifecycle.advance(flight.phase, Step.NO_ROOM)
+                self._ready.append(flight.delivery_id)
+                return
         flight.phase = lifecycle.advance(flight.phase, step)
         flight.started_at = now
         if flight.phase is not _RUNNING:

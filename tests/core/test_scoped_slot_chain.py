@@ -239,7 +239,7 @@ def test_a_cancel_while_taking_never_runs(acquired: bool) -> None:
 def test_a_lease_lost_while_taking_never_runs(acquired: bool) -> None:
     machine = machine_of("A")
     take = taking(machine)
-    machine._lease_lost("d1")
+    machine._lease_lost("d1", 0.0)
     assert machine.in_flight["d1"].phase is Phase.TAKING_LOST
     effects = reply(machine, take, SlotTaken(delivery_id="d1", acquired=acquired))
     if acquired:  # abandoned at once, its slot given back

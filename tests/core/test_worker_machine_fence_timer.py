@@ -11,6 +11,7 @@ from machines import (
     LIMIT,
     UNLIMITED_BATCHES,
     arrival,
+    claim_all,
     deliver,
     of_type,
     reply,
@@ -90,3 +91,25 @@ def test_a_slot_taken_under_a_renewal_that_does_not_name_it_is_fenced_from_its_t
     assert machine.effects() == []
 
     assert fenced_with_no_answer(machine, 1.7, 10.0) == pytest.approx(1.0 + config.fence_after)
+
+
+@pytest.mark.parametrize("limited", [False, True])
+def test_an_answer_that_comes_after_the_fence_never_starts_the_run(limited: bool) -> None:
+    """A claim (or slot step) answered once the delivery's lease lapsed (a
+    reply stalled past ``fence_after``): the run does not start before the
+    next tick could fence it (simulator seeds 88 and 2002: two runs under a
+    shared limit of one, each worker's answer arriving after a clock jump)."""
+    machine = WorkerMachine(WorkerConfig(name="w1", batches_in_flight=UNLIMITED_BATCHES), 0.0)
+    policy = TaskPolicy(concurrency=LIMIT) if limited else TaskPolicy()
+    (sent,) = deliver(machine, arrival("d1", policy=policy, redelivered=True), now=0.0)
+    late = machine.config.fence_after + 1.0
+    if limited:
+        effects = reply(machine, sent, stepped(sent), late)
+    else:
+        effects = claim_all(machine, sent, late)
+    assert of_type(effects, StartTask) == []
+    assert machine.counters["fenced"] == 1 and machine.counters["abandoned"] == 1
+    assert "d1" not in machine.in_flight
+    if limited:  # the slot it took goes back (the store frees it only for this holder)
+        (release_step,) = effects
+        assert release_step.release is not None and release_step.release.holder == "w1/d1"

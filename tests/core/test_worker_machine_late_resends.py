@@ -49,6 +49,32 @@ def test_a_resend_due_past_the_window_is_given_up_not_sent() -> None:
     assert machine.outbox.resend_at is None
 
 
+def test_a_loss_heard_late_counts_the_window_from_the_send() -> None:
+    """Simulator seed 265: a batch's loss was heard 11.5 s after it went
+    out, its resend went at once, and the store, whose memory of the
+    request (12 s) had lapsed, judged its admission again: the window counts
+    from the batch's send, so that batch is given up, not sent again."""
+    machine = make_machine(retry_delay=0.5, redelivery_timeout=5.0)
+    (step,) = deliver(machine, arrival("d1", policy=LIMITED), now=0.0)
+    window = machine.config.resend_window
+    machine.receive(ReplyLost(effects=(step,), now=window + 1.0, reason="gone"))
+    assert of_type(machine.effects(), SlotStep) == []
+    machine.receive(Tick(now=window + 2.0))
+    assert of_type(machine.effects(), SlotStep) == []
+    assert "d1" not in machine.in_flight  # left to the store
+    assert machine.counters["given_up"] == 1
+    # a loss heard in time is still sent again
+    machine = make_machine(retry_delay=0.5, redelivery_timeout=5.0)
+    (step,) = deliver(machine, arrival("d2", policy=LIMITED), now=20.0)
+    machine.receive(ReplyLost(effects=(step,), now=20.5, reason="gone"))
+    assert machine.effects() == []
+    resend_at = machine.outbox.resend_at
+    assert resend_at is not None and resend_at < 20.0 + window
+    machine.receive(Tick(now=resend_at))
+    (again,) = of_type(machine.effects(), SlotStep)
+    assert again.takes[0].delivery_id == "d2"
+
+
 def test_a_resend_in_time_is_still_sent_even_when_stopping() -> None:
     """The window is the store's memory: a stopping worker's one more try,
     a retry delay after the failure, still goes."""

@@ -348,17 +348,20 @@ def test_a_resent_take_answered_lost_never_starts() -> None:
 
 
 def _ready_behind_two_runs(machine: WorkerMachine) -> SlotStep:
-    """Concurrency 2: u1 and u2 run, and d2's step, sent ahead of the room
-    while d1's end was out, comes back with a slot: d2 waits ``READY``.
-    Returns d2's step."""
-    assert start_limited(machine, arrival("d1", policy=LIMITED)) == [StartTask(delivery_id="d1")]
-    (claim,) = deliver(machine, arrival("u1", redelivered=True))
-    assert claim_all(machine, claim) == [StartTask(delivery_id="u1")]
+    """Concurrency 2, steps that take 0.5 s and a run of 0.5 s: u1 and u2
+    run, and d2's step, sent ahead of the room while d1's end was out (u1
+    is expected to end within a step's round trip), comes back with a slot:
+    d2 waits ``READY``.  Returns d2's step."""
+    (step,) = deliver(machine, arrival("d1", policy=LIMITED), now=0.0)
+    assert reply(machine, step, stepped(step), 0.5) == [StartTask(delivery_id="d1")]
+    (claim,) = deliver(machine, arrival("u1", redelivered=True), now=0.5)
+    assert claim_all(machine, claim, 0.5) == [StartTask(delivery_id="u1")]
     assert machine.capacity == 0
     (end_step,) = end(machine, "d1", TaskOutcome.SUCCEEDED, 1.0)
     assert machine.capacity == 1  # d1's end is out: its room goes to a read
     (step,) = deliver(machine, arrival("d2", policy=LIMITED), now=1.0)
-    # d2's step is out as d1's end is: a read may go out ahead of them
+    # d2's step is out, and u1 is expected to end within its round trip:
+    # a read may go out ahead of d2's answer
     assert machine.capacity == 1
     (claim,) = deliver(machine, arrival("u2", redelivered=True), now=1.1)
     assert claim_all(machine, claim, 1.2) == [StartTask(delivery_id="u2")]
@@ -368,6 +371,18 @@ def _ready_behind_two_runs(machine: WorkerMachine) -> SlotStep:
     assert machine.in_flight["d2"].slot == LIMIT.limit_key
     assert machine.capacity == 0
     return step
+
+
+def test_a_worker_whose_runs_are_long_next_to_a_step_asks_nothing_ahead() -> None:
+    machine = make_machine(concurrency=2)
+    (step,) = deliver(machine, arrival("d1", policy=LIMITED), now=0.0)
+    assert reply(machine, step, stepped(step), 0.5) == [StartTask(delivery_id="d1")]
+    (claim,) = deliver(machine, arrival("u1", redelivered=True), now=0.5)
+    claim_all(machine, claim, 0.5)
+    end(machine, "d1", TaskOutcome.SUCCEEDED, 100.5)  # a run of 100 s, a step of 0.5 s
+    assert machine.capacity == 1
+    deliver(machine, arrival("d2", policy=LIMITED), now=100.5)
+    assert machine.capacity == 0
 
 
 def test_a_slot_that_comes_back_with_no_room_waits_ready_and_starts_when_a_run_ends() -> None:
