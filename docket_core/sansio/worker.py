@@ -446,7 +446,8 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         room for a run, waits ``READY``; stopped meanwhile, or fenced (its
         lease lapsed before the answer came, as the next tick's ``_fence``
         would find), it ends unrun."""
-        if lifecycle.advance(flight.phase, step) is _RUNNING:
+        phase = lifecycle.advance(flight.phase, step)
+        if phase is _RUNNING:
             if flight.renewed_at + self.config.fence_after <= now:
                 # another worker may hold it, and its slot, by now
                 self.counters[Count.FENCED] += 1
@@ -454,11 +455,12 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
                 self._lease_lost(flight.delivery_id, now)
                 if was is Phase.READY:
                     return  # (ended by its lost lease)
+                phase = lifecycle.advance(flight.phase, step)  # (abandoned)
             elif self._runs >= self.config.concurrency:
                 flight.phase = lifecycle.advance(flight.phase, Step.NO_ROOM)
                 self._ready.append(flight.delivery_id)
                 return
-        flight.phase = lifecycle.advance(flight.phase, step)
+        flight.phase = phase
         flight.started_at = now
         if flight.phase is not _RUNNING:
             # cancelled, or taken over by another worker, while it was being
