@@ -26,6 +26,17 @@ def test_simulation_keeps_every_invariant(seed: int) -> None:
     assert started > 0 or parked > 0
 
 
+@pytest.mark.parametrize("seed", [88, 265, 2002])
+def test_the_seeds_that_found_bugs_keep_every_invariant(seed: int) -> None:
+    """Seeds that broke an invariant in session 18 (a run started after its
+    lease's fence: two runs under a limit of one; a resend past the store's
+    memory, judged again).  A change of the code shifts their paths, so they
+    guard loosely; the sweeps of ``python -m docket_memory.simulate`` are the
+    real check."""
+    simulation = simulate.simulate(seed, 20_000)
+    assert simulation.steps == 20_000
+
+
 def test_the_command_reports_steps_per_second(capsys: pytest.CaptureFixture[str]) -> None:
     assert simulate.main(["--seed", "3", "--steps", "500"]) == 0
     out = capsys.readouterr().out
@@ -47,6 +58,16 @@ def test_a_store_that_ignores_limits_is_caught(monkeypatch: pytest.MonkeyPatch) 
     finds a slot."""
     monkeypatch.setattr(slots, "_take_from", lambda *arguments: True)
     assert "tasks run under" in _run_until_violation(range(5), 3000)
+
+
+def test_a_worker_that_runs_past_its_concurrency_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: a worker that sends every delivery on at once and never
+    counts its runs (no backlog, no ``READY``)."""
+    monkeypatch.setattr(WorkerMachine, "_room", lambda self: 1_000)
+    monkeypatch.setattr(
+        WorkerMachine, "_runs", property(lambda self: 0, lambda self, n: None), raising=False
+    )
+    assert "functions at once" in _run_until_violation(range(5), 3000)
 
 
 def test_releasing_a_slot_never_acquired_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
