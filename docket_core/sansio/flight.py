@@ -19,6 +19,11 @@ from .values import TaskMessage, TaskPolicy
 MEAN_WEIGHT = 0.125
 
 
+def moving_mean(mean: float | None, figure: float) -> float:
+    """``mean`` (``None``: no figure yet) moved towards ``figure`` by ``MEAN_WEIGHT``."""
+    return figure if mean is None else mean + (figure - mean) * MEAN_WEIGHT
+
+
 @attrs.frozen(slots=True, kw_only=True)
 class WorkerConfig:
     """A worker's settings, in seconds."""

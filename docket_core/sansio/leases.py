@@ -76,7 +76,7 @@ class _Machine(Protocol):
 
     def _lease_lost(self, delivery_id: str, now: float) -> None: ...
 
-    def _unready(self, flight: InFlight, now: float) -> None: ...
+    def _end_unrun(self, flight: InFlight, now: float) -> None: ...
 
     def _give_up(self, effects: Sequence[StoreEffect], now: float) -> None: ...
 
@@ -129,7 +129,7 @@ class LeaseSteps:
         if was in lifecycle.STOPPABLE:
             self._effects.append(stop_task(delivery_id, StopReason.LEASE_LOST, flight.message))
         elif was is Phase.READY:
-            self._unready(flight, now)
+            self._end_unrun(flight, now)
 
     def _store_failed(self: _Machine, event: ReplyLost | StoreFailed) -> None:
         self.counters[Count.STORE_ERRORS] += 1

@@ -65,7 +65,7 @@ from .effects import (
     Request,
     StoreEffect,
 )
-from .flight import MEAN_WEIGHT, Count, InFlight, WorkerConfig
+from .flight import Count, InFlight, WorkerConfig, moving_mean
 from .inputs import ClaimVerdict, Outcome
 from .lifecycle import Phase, Step
 from .outbox import Outbox
@@ -425,8 +425,7 @@ class LocalSlotSteps:
             self._effects.extend(self._released_links(effect.release, outcome.wake, now))
         if not effect.takes:
             return
-        took, mean = now - effect.now, self._step_time  # (read_steps._room)
-        self._step_time = took if mean is None else mean + (took - mean) * MEAN_WEIGHT
+        self._step_time = moving_mean(self._step_time, now - effect.now)  # (read_steps._room)
         local, in_flight, counters = self.local, self.in_flight, self.counters
         freed: set[str] = set()
         for take, answer in zip(effect.takes, outcome.takes, strict=True):

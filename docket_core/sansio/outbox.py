@@ -36,10 +36,11 @@ store has one.
   so (``lapsed``: a worker that stalled, or whose clock jumped, sends nothing
   of it); the store remembers outcomes for longer than that, so a resend
   never meets a store that forgot it (and acts again).  The window counts
-  from the streak's first batch's send (its ``now``), not from when its loss
-  was heard: a reply lost late must not stretch it past the store's memory.  Once the worker
-  is stopping (``stop``), a streak longer than one ``retry_delay`` does: a
-  stopping worker tries once more, then leaves the rest to redelivery.
+  from the streak's first batch's send (its ``now``), not from when its
+  loss was heard: a reply lost late must not stretch it past the store's
+  memory.  Once the worker is stopping (``stop``), a streak longer than one
+  ``retry_delay`` does: a stopping worker tries once more, then leaves the
+  rest to redelivery.
 - ``refusals_allowed`` errors in a row make the failure ``fatal``.
 """
 

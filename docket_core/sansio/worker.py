@@ -58,7 +58,7 @@ from .effects import (
     StoreEffect,
 )
 from .errors import InternalError
-from .flight import MEAN_WEIGHT, Count, InFlight, WorkerConfig
+from .flight import Count, InFlight, WorkerConfig, moving_mean
 from .inputs import (
     Arrival,
     BlockedAction,
@@ -284,9 +284,7 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
             self._runs -= 1
             flight = self.in_flight.get(event.delivery_id)
             if flight is not None:  # (the mean run time: ``read_steps._room``)
-                took = event.now - flight.started_at
-                mean = self._run_time
-                self._run_time = took if mean is None else mean + (took - mean) * MEAN_WEIGHT
+                self._run_time = moving_mean(self._run_time, event.now - flight.started_at)
             self._task_ended(event)
             if self._ready:
                 self._run_ready(event.now)
@@ -465,9 +463,7 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         if flight.phase is not _RUNNING:
             # cancelled, or taken over by another worker, while it was being
             # claimed or admitted: it never starts, and it ends as it would have
-            self._task_ended(
-                TaskEnded(delivery_id=flight.delivery_id, now=now, outcome=TaskOutcome.CANCELLED)
-            )
+            self._end_unrun(flight, now)
             return
         if flight.policy.timeout is not None:
             flight.deadline = now + flight.policy.timeout
@@ -484,9 +480,10 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
             if flight is not None and flight.phase is Phase.READY:
                 self._start(flight, Step.RUN, now)
 
-    def _unready(self, flight: InFlight, now: float) -> None:
-        """A ``READY`` delivery stopped (``CANCELLING``, ``ABANDONING``): it
-        never starts, and ends as a run stopped at once would."""
+    def _end_unrun(self, flight: InFlight, now: float) -> None:
+        """A delivery stopped before its run started (``CANCELLING``,
+        ``ABANDONING``: while the store was asked, or ``READY``): it never
+        starts, and ends as a run stopped at once would."""
         self._task_ended(
             TaskEnded(delivery_id=flight.delivery_id, now=now, outcome=TaskOutcome.CANCELLED)
         )
@@ -608,7 +605,7 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
                 stop = stop_task(flight.delivery_id, StopReason.CANCELLED, flight.message)
                 self._effects.append(stop)
             elif was is Phase.READY:
-                self._unready(flight, event.now)
+                self._end_unrun(flight, event.now)
 
     def _tick(self, now: float) -> None:
         lapsed = self.outbox.lapsed(now)
