@@ -182,11 +182,27 @@ def with_prelude(prelude: str, body: str) -> str:
     return "".join(text for (_, text), keep in zip(parts, kept, strict=True) if keep) + body
 
 
+#: the line of a script that ends its fast path: the text before it runs
+#: ahead of the prelude (and must name nothing of it), the text after it
+#: after the prelude's definitions (``with_prelude``)
+PRELUDE_GOES_HERE = "-- (the prelude goes here)\n"
+
+
+def _assemble(prelude: str, script: str) -> str:
+    """A script's text as the server runs it: its fast path, if it has one
+    (and the marker line, a comment), then the prelude's definitions it
+    needs, then its body."""
+    head, marker, body = script.partition(PRELUDE_GOES_HERE)
+    if not marker:
+        head, body = "", script
+    return head + marker + with_prelude(prelude, body)
+
+
 def _load() -> dict[str, str]:
     folder = resources.files(__package__)
     prelude = folder.joinpath("prelude.lua").read_text()
     return {
-        name: with_prelude(prelude, folder.joinpath(f"{name}.lua").read_text())
+        name: _assemble(prelude, folder.joinpath(f"{name}.lua").read_text())
         for name in SCRIPT_NAMES
     }
 

@@ -1,3 +1,34 @@
+-- The fast path of the commonest call, ahead of the prelude (so the server
+-- spares its definitions; it names nothing of it): one message due now, of
+-- a key without a record, from a caller that keeps no memo (a Docket's add),
+-- with nothing to acknowledge, follow or publish as ended.  It does what the
+-- body below does for that message; any other call, or this one when the
+-- partition is closing or the key has a record, goes on to the body, which
+-- decides it whole (nothing is written before that is known).  A malformed
+-- batch fails here as it would there, before any write.
+if ARGV[3] == '' and string.match(ARGV[5] or '', '^%d+$') and #ARGV[4] >= 48 then
+  local P, blob = ARGV[1], ARGV[4]
+  local f = {struct.unpack('<' .. string.rep('I4c0', 12), blob, 1)}
+  local when, now = tonumber(f[4]), tonumber(f[7])
+  if f[13] == #blob + 1 and f[8] == '' and f[9] == '' and f[10] == '' and when and now
+     and when <= now and redis.call('EXISTS', P .. ':closing', P .. ':closed') == 0 then
+    local key = f[1]
+    local run = P .. ':run:' .. key
+    if not redis.call('HGET', run, 'state') then
+      redis.call('DEL', P .. ':prog:' .. key)
+      local gen = redis.call('INCR', P .. ':generation')
+      local sid = redis.call('XADD', P .. ':q', '*', 'k', key, 'f', f[2], 'p', f[3],
+                             'w', f[4], 'a', f[5], 'g', gen)
+      redis.call('HSET', run, 'f', f[2], 'p', f[3], 'w', f[4], 'a', f[5], 'g', gen,
+                 'state', 'queued', 'sid', sid)
+      local event = {type = 'state', state = 'queued', when = when}
+      event['key'] = key
+      redis.call('PUBLISH', P .. ':events:' .. key, cjson.encode(event))
+      return {{1, tostring(gen), 'queued'}}
+    end
+  end
+end
+-- (the prelude goes here)
 -- Schedule: ARGV = prefix, group, memo header, then the fields of one or
 -- more messages packed into one argument (unpack_batch), then the partition
 -- count of the caller's layout (refuse_closed).  12 fields a message: key,
