@@ -33,6 +33,10 @@ METRICS = [
     Metric("drain32_s", "noop32", ("drain_s",), "drain no-op C=32", "s"),
     Metric("pickup_p50", "timing", ("pickup", "p50_ms"), "pickup p50", "ms"),
     Metric("pickup_p99", "timing", ("pickup", "p99_ms"), "pickup p99", "ms"),
+    # (a pickup's legs, p50 of each: _common.PickupLegs)
+    Metric("pickup_wire", "timing", ("pickup_legs", "wire", "p50_ms"), "pickup: to the wire", "ms"),
+    Metric("pickup_server", "timing", ("pickup_legs", "server", "p50_ms"), "pickup: server", "ms"),
+    Metric("pickup_worker", "timing", ("pickup_legs", "worker", "p50_ms"), "pickup: worker", "ms"),
     Metric("punct_p50", "timing", ("punctuality", "p50_ms"), "punctuality p50", "ms"),
     Metric("punct_p99", "timing", ("punctuality", "p99_ms"), "punctuality p99", "ms"),
     Metric("worker_cpu", "noop", ("worker_cpu_s",), "worker CPU", "us"),

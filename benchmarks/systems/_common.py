@@ -18,6 +18,8 @@ any).
 from __future__ import annotations
 
 import asyncio
+import asyncio.selector_events
+import bisect
 import json
 import resource
 import socket
@@ -52,6 +54,8 @@ class Tracker:
         self.count = 0
         self.last = 0.0
         self.delays: list[float] = []
+        #: a timing task's ``t`` -> when (``perf_counter``) it started
+        self.starts: dict[float, float] = {}
         self.error: str | None = None
         self.event = asyncio.Event()
 
@@ -63,6 +67,7 @@ class Tracker:
     def started(self, t: float) -> None:
         """Called first thing by a timing task; ``t`` is its enqueue (or due) time."""
         self.delays.append(time.time() - t)
+        self.starts[t] = time.perf_counter()
 
     def done(self) -> None:
         self.count += 1
@@ -87,6 +92,75 @@ async def sleep_body(t: float) -> None:
 async def timing_body(t: float) -> None:
     tracker.started(t)
     tracker.done()
+
+
+class PickupLegs:
+    """Where a pickup's time goes, for a system whose client talks through
+    asyncio's own socket transports (not GLIDE's, whose I/O runs in its own
+    threads, nor uvloop's): every write and every wake of a readable socket
+    is stamped, so a pickup splits into three legs, from the moment its add
+    began (``adds``: the task's ``t`` -> ``perf_counter``) to its start:
+
+    - *to the wire*: the add's client work up to its first write;
+    - *server*: from that write to the first socket that turned readable
+      after it (the server's work on the add, and its reply reaching the
+      process);
+    - *worker*: from there to the task's start (reading the delivery,
+      whatever the worker does before it runs the task, and the event loop's
+      other business meanwhile: the producer's reply, for one)."""
+
+    def __init__(self) -> None:
+        self.adds: dict[float, float] = {}
+        self.writes: list[float] = []
+        self.wakes: list[float] = []
+        self._undo: list[tuple[type, str, Any]] = []
+
+    def install(self) -> bool:
+        """Stamp asyncio's socket transports; whether they are the ones this
+        loop uses (else nothing is stamped)."""
+        loop = asyncio.get_running_loop()
+        if not isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop):
+            return False
+        transport = asyncio.selector_events._SelectorSocketTransport  # type: ignore[attr-defined]
+        writes, wakes, clock = self.writes, self.wakes, time.perf_counter
+        write, read_ready = transport.write, transport._read_ready
+
+        def stamped_write(self: Any, data: Any) -> None:
+            writes.append(clock())
+            write(self, data)
+
+        def stamped_read_ready(self: Any) -> None:
+            wakes.append(clock())
+            read_ready(self)
+
+        self._undo = [(transport, "write", write), (transport, "_read_ready", read_ready)]
+        transport.write = stamped_write
+        transport._read_ready = stamped_read_ready
+        return True
+
+    def uninstall(self) -> None:
+        for owner, name, original in self._undo:
+            setattr(owner, name, original)
+        self._undo = []
+
+    def split(self, starts: dict[float, float]) -> dict[str, Any]:
+        """The legs' quantiles over the pickups seen whole."""
+        legs: dict[str, list[float]] = {"wire": [], "server": [], "worker": []}
+        writes, wakes = self.writes, self.wakes
+        for t, began in self.adds.items():
+            started = starts.get(t)
+            w = bisect.bisect_left(writes, began)
+            if started is None or w == len(writes) or writes[w] > started:
+                continue
+            r = bisect.bisect_right(wakes, writes[w])
+            if r == len(wakes) or wakes[r] > started:
+                continue
+            legs["wire"].append(writes[w] - began)
+            legs["server"].append(wakes[r] - writes[w])
+            legs["worker"].append(started - wakes[r])
+        if not legs["wire"]:
+            return {"na": "no write or wake of an asyncio socket transport was seen"}
+        return {leg: _quantiles(values) for leg, values in legs.items()}
 
 
 def per_key_limit(concurrency: int, keys: int) -> int:
@@ -279,13 +353,24 @@ async def run_workload(system: System, args: dict[str, Any]) -> dict[str, Any]:
             await system.start_worker()
             await asyncio.sleep(1.0)  # let the worker settle into its idle loop
             tracker.reset(m)
+            legs = PickupLegs()
+            stamping = legs.install()
 
             async def now_task(i: int, now: float) -> None:
+                legs.adds[now] = time.perf_counter()
                 await system.enqueue("timing", now)
 
-            await _paced(m, now_task)
-            await _wait(30)
+            try:
+                await _paced(m, now_task)
+                await _wait(30)
+            finally:
+                legs.uninstall()
             result["pickup"] = _quantiles(tracker.delays)
+            result["pickup_legs"] = (
+                legs.split(tracker.starts)
+                if stamping
+                else {"na": "the event loop's transports are not asyncio's own"}
+            )
             await asyncio.sleep(0.25)
             tracker.reset(m)
 
