@@ -139,6 +139,8 @@ class StorageAdapter(Protocol):
     #: (memory: carried out at once).  A worker starts a fresh delivery's run
     #: beside its claim only then: a run handed over at the same time cannot
     #: make a change (a cancel of its own key) that reaches the store first
+    #: (the worker holds every call back until the claim is written:
+    #: ``hold_calls``)
     sends_at_once: bool
     #: whether ``execute_in_order`` keeps order: calls made while others are
     #: out go out behind them, and the store runs and answers them in the
@@ -147,6 +149,13 @@ class StorageAdapter(Protocol):
 
     async def open(self) -> None:
         """Connect; called once by ``Docket.__aenter__``."""
+
+    def hold_calls(self) -> None:
+        """Hold every call on this store back until ``release_calls``
+        (``held_calls.HeldCalls``, which every store mixes in)."""
+
+    def release_calls(self) -> None:
+        """Let the held calls go, behind the caller's next write."""
 
     async def close(self) -> None:
         """Disconnect; called once by ``Docket.__aexit__``."""

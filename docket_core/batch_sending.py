@@ -59,7 +59,7 @@ class _Runtime(Protocol):
 
     async def _flush(self, rounds: int | None = None) -> None: ...
 
-    async def _send(self, store: list[StoreEffect], batch: int) -> None: ...
+    async def _send(self, store: list[StoreEffect], batch: int, release: bool = False) -> None: ...
 
     async def _turn(self) -> None: ...
 
@@ -136,6 +136,20 @@ class BatchSending:
                     continue
                 batch = self._batches
                 self._batches += 1
+                if rounds is not None and started:
+                    # a pickup: the runs handed over begin before their claim
+                    # is written (a write that wakes the server is a good
+                    # part of a pickup), every call on the store held back
+                    # until it is (``held_calls``), so no run reaches the
+                    # store ahead of its claim
+                    adapter = self.docket.adapter
+                    adapter.hold_calls()
+                    try:
+                        await anyio.lowlevel.checkpoint()
+                        await self._send(store, batch, release=True)
+                    finally:
+                        adapter.release_calls()
+                    continue
                 if turn is BatchTurn.BESIDE:
                     if rounds is None and machine.config.batches_in_flight > 1:
                         # (the store keeps the order of this worker's
@@ -170,10 +184,13 @@ class BatchSending:
             store, batch = outgoing.popleft()
             await self._send(store, batch)
 
-    async def _send(self: _Runtime, store: list[StoreEffect], batch: int) -> None:
+    async def _send(
+        self: _Runtime, store: list[StoreEffect], batch: int, release: bool = False
+    ) -> None:
         """Send the ``batch``-th batch once those before it are on the wire,
         and hand its outcomes to the machine once theirs are (a store that
-        keeps the order answers them in it anyway)."""
+        keeps the order answers them in it anyway).  ``release``: let the
+        calls held behind this batch go as it is written."""
         machine = self._machine
         assert machine is not None
         while self._written < batch:
@@ -182,6 +199,10 @@ class BatchSending:
             self._written += 1  # (on the wire when ``execute`` first yields)
             self._turn_taken()
             adapter = self.docket.adapter
+            if release:
+                # (the held calls wake after this step first yields: after
+                # ``execute`` wrote the batch)
+                adapter.release_calls()
             if machine.config.batches_in_flight > 1:
                 outcomes = await adapter.execute_in_order(store)
             else:

@@ -38,6 +38,7 @@ import attrs
 from anyio.abc import TaskGroup
 
 from .adapter import ClosingStep, Depths, ReadResult, StorageAdapter, StoreEvent
+from .held_calls import HeldCalls
 from .lua.base import ScriptedStore
 from .partition_parts import finish_leaving, part_names, settle_layout
 from .partition_reads import FairReader
@@ -58,7 +59,7 @@ from .sansio.values import (
 from .serialization import Signing
 
 
-class PartitionedStore:
+class PartitionedStore(HeldCalls):
     """A ``StorageAdapter`` over ``partitions`` stores and a ``home`` store."""
 
     def __init__(self, home: StorageAdapter, partitions: int) -> None:

@@ -470,7 +470,8 @@ class Worker(BatchSending):
             self._rearm_timer()
             if pickup and not self._flushing:
                 # an idle worker's pickup: the claim goes out from here (a
-                # fresh delivery's run starting with it), not handed to the
+                # fresh delivery's run starting with it, just before it is
+                # written: ``BatchSending._flush``), not handed to the
                 # flusher behind whatever else runs first, and the next read
                 # waits for the start (its script would share the claim's
                 # round trip, and go out first).  Only that round: what its

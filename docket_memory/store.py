@@ -18,6 +18,7 @@ import attrs
 from anyio.streams.memory import MemoryObjectSendStream
 
 from docket_core.adapter import ClosingStep, Depths, ProgressEvent, ReadResult, StoreEvent
+from docket_core.held_calls import HeldCalls
 from docket_core.lua.entries import parse_entry
 from docket_core.sansio.admission import Admit, Admitted, Verdict
 from docket_core.sansio.decisions import is_live
@@ -86,7 +87,7 @@ def shelf_for(location: str, name: str) -> Shelf:
 _OWNER = re.compile(r"[A-Za-z0-9-]*")
 
 
-class MemoryStore:
+class MemoryStore(HeldCalls):
     """A ``StorageAdapter`` over an in-process ``Shelf``."""
 
     def __init__(

@@ -21,6 +21,7 @@ import anyio
 import attrs
 
 from ..adapter import ClosingStep, Depths, ReadResult, StoreEvent
+from ..held_calls import HeldCalls
 from ..sansio.decisions import is_live
 from ..sansio.effects import StoreEffect
 from ..sansio.errors import StoreError, StoreUnavailable
@@ -107,7 +108,7 @@ def reply_error(message: str, what: str, server: str) -> StoreError:
     return StoreError(f"{server} refused {what}: {message}")
 
 
-class ScriptedStore(abc.ABC):
+class ScriptedStore(HeldCalls, abc.ABC):
     """A ``StorageAdapter`` for Redis-protocol servers, minus the client."""
 
     #: (``StorageAdapter.sends_at_once``: an adapter whose client may yield

@@ -56,7 +56,9 @@ class WorkerConfig:
     #: fresh deliveries may start with their claim (``lifecycle``:
     #: ``START_EARLY``): only where the store puts a call on the wire before
     #: the call first yields (``StorageAdapter.sends_at_once``), so a run
-    #: started beside its claim cannot reach the store ahead of it
+    #: started beside its claim cannot reach the store ahead of it (a
+    #: pickup's run begins just before its claim is written, every call on
+    #: the store held back until it is: ``held_calls``)
     start_early: bool = True
     #: how many batches of store effects may be out at once: 2 only where the
     #: store runs and answers one sender's batches in the order they were

@@ -222,6 +222,30 @@ async def test_a_failing_task_stores_its_exception(docket: Docket) -> None:
 # -- retries -----------------------------------------------------------------------------
 
 
+async def test_a_picked_up_run_reaches_the_store_only_after_its_claim(docket: Docket) -> None:
+    """An idle worker's pickup lets the run begin before its claim is written
+    (``held_calls``): a run whose first call replaces its own key still
+    replaces a running key (its run goes on to its end, the replacement
+    waits), never the message it was handed (which would stop the run)."""
+    finished = anyio.Event()
+    later = datetime.now(UTC) + timedelta(hours=1)
+
+    async def itself(key: str = TaskKey()) -> None:
+        await docket.replace(itself, when=later, key=key)()
+        await anyio.sleep(0.05)  # (a run stopped as superseded stops here)
+        finished.set()
+
+    docket.register(itself)
+    worker = make_worker(docket)
+    async with running(worker):
+        await anyio.sleep(0.05)  # (the worker idles in its blocked read)
+        await docket.add(itself, key="itself")()
+        with anyio.fail_after(2):
+            await finished.wait()
+    assert await state_of(docket, "itself") is ExecutionState.SCHEDULED
+    assert worker.counters["superseded"] == worker.counters["abandoned"] == 0
+
+
 async def test_retry_runs_every_attempt_then_fails_without_failing_in_between(
     docket: Docket,
 ) -> None:
