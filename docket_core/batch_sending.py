@@ -3,7 +3,8 @@ mixed into ``Worker``).
 
 The *flusher* drains the machine's effects whenever it has new ones, and
 hands all store effects of a round to the adapter in one call, then feeds
-the outcomes back (an idle worker's pickup the reader flushes itself).  The
+the outcomes back (an idle worker's pickup the reader flushes itself, its
+runs begun just before their claim is written: ``held_calls``).  The
 machine says when a round's batch goes out (``batch_turn``): beside the
 batches out, or alone, once they are answered.  Where the store keeps the
 order of a worker's batches, two may be out at once: the flusher leaves a
@@ -99,7 +100,9 @@ class BatchSending:
         machine's ``batch_turn`` says: beside the batches out, from a sender
         (``_sender``, where the machine may have two out and the flusher
         goes on), or before the runs that start with it, once the batches
-        ahead of it are answered where the turn is ``ALONE``."""
+        ahead of it are answered where the turn is ``ALONE``.  In a pickup
+        (``rounds``) the runs that start with their claim begin just before
+        it is written, the store's calls held until it is (``held_calls``)."""
         machine = self._machine
         assert machine is not None
         self._flushing = True
