@@ -13,8 +13,8 @@ claim back (``hold_calls``), every call on the store waits for it: the
 reader lets them go (``release_calls``) in the step that writes the claim,
 before that step first yields, so a call that waited writes after it.  Only
 the worker's own docket's store is held: a run's calls through another
-``Docket`` object on the same server are not (as they never were ordered
-with the worker's batches).
+``Docket`` object on the same server are not, and may reach the server
+before its claim.
 
 Every store class takes this mixin: its coroutine methods that reach the
 store (``GATED``, the ``StorageAdapter`` ones) wait while calls are held,
