@@ -21,6 +21,7 @@ from datetime import timedelta
 import anyio
 
 from docket_core import Docket, Worker
+from docket_core.cli.logs import LogFormat, LogLevel, configure_logging
 from docket_core.running import LOOPS, loop_options
 
 
@@ -67,7 +68,10 @@ class _Dropped(logging.Handler):
 def worker_logging(mode: str) -> None:
     """``off``: the ``docket.worker`` logger at WARNING (a drain logs nothing);
     ``info``: at INFO, every line formatted and written to a null stream;
-    ``dropped``: at INFO, to a handler that drops every record unformatted."""
+    ``dropped``: at INFO, to a handler that drops every record unformatted;
+    ``cli``: as ``docket worker --logging-format plain`` logs (``configure_logging``,
+    on the root logger), as ``run.py``'s ``+logs``, written to a null stream (or to
+    the file named by the environment's ``DRAIN_LOG``)."""
     worker = logging.getLogger("docket.worker")
     for old in list(worker.handlers):
         worker.removeHandler(old)
@@ -75,7 +79,13 @@ def worker_logging(mode: str) -> None:
         if isinstance(old, logging.StreamHandler):
             old.stream.close()
     worker.propagate = False
-    if mode == "info":
+    if mode == "cli":
+        handler = configure_logging(LogLevel.INFO, LogFormat.PLAIN)
+        assert isinstance(handler, logging.StreamHandler)
+        handler.setStream(open(os.environ.get("DRAIN_LOG", os.devnull), "w", encoding="utf-8"))
+        worker.propagate = True
+        worker.setLevel(logging.NOTSET)
+    elif mode == "info":
         handler = logging.StreamHandler(open(os.devnull, "w"))
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
         worker.addHandler(handler)

@@ -302,9 +302,10 @@ def cli() -> None:
     parser.add_argument(
         "--logging",
         default="off",
-        choices=("off", "info", "dropped"),
-        help="the docket.worker logger: off, at INFO to a null stream, or at INFO to a "
-        "handler that drops the records (drain_memory.py)",
+        choices=("off", "info", "dropped", "cli"),
+        help="the docket.worker logger: off, at INFO to a null stream, at INFO to a "
+        "handler that drops the records, or as docket worker --logging-format plain logs "
+        "(drain_memory.py)",
     )
     args = parser.parse_args()
     SLEEP[0] = args.sleep_ms / 1000

@@ -30,6 +30,11 @@ start line had a copy).  Both go to the logger's handlers as
 ``Logger.handle`` sends them (filters, handlers and propagation as usual).
 An application that installs its own record factory
 (``logging.setLogRecordFactory``) gets its records made the usual way.
+When the one handler the lines reach is the CLI's (``docket worker
+--logging-format plain``: a ``LineHandler`` whose ``write_message`` takes
+a line's text) and no filter or record factory could see a record, no
+record is made: the handler writes the line's text as it would have
+written the record's.
 """
 
 from __future__ import annotations
@@ -342,35 +347,62 @@ def _called(execution: Execution, name: str, key: str) -> str:
 
 class RunLine:
     """What a run's lines share, made once: the ``call`` text and the
-    ``extra`` fields; while the start line's record factory is logging's
-    own, also ``fields``, the record fields the end line's record is made of."""
+    ``extra`` fields (made when first asked for, from ``execution``); while
+    the start line's record factory is logging's own, also ``fields``, the
+    record fields the end line's record is made of."""
 
-    __slots__ = ("_extra", "base", "call", "fields", "thread")
+    __slots__ = ("_extra", "base", "call", "execution", "fields", "punctuality", "thread")
 
     def __init__(self, execution: Execution, base: Mapping[str, Any], punctuality: float) -> None:
-        name = execution.function_name
-        key = execution.key
-        self.call = _call_text(execution, name, key)
+        self.call = _call_text(execution, execution.function_name, execution.key)
         self.base = base
+        self.execution = execution
+        self.punctuality = punctuality
         self.fields: dict[str, Any] | None = None
         self.thread = 0
-        self._extra: dict[str, Any] | None = {
-            **base,
-            "docket.task": name,
-            "docket.key": key,
-            "docket.when": _when_text(execution.when),
-            "docket.attempt": execution.attempt,
-            "punctuality": punctuality,
-        }
+        self._extra: dict[str, Any] | None = None
 
     @property
     def extra(self) -> dict[str, Any]:
         """The ``extra`` of the run's lines (without ``duration``, until the end)."""
         if self._extra is None:
             fields = self.fields
-            assert fields is not None
-            self._extra = {**self.base, **{name: fields[name] for name in _RUN_FIELDS}}
+            if fields is not None:
+                self._extra = {**self.base, **{name: fields[name] for name in _RUN_FIELDS}}
+            else:
+                execution = self.execution
+                self._extra = {
+                    **self.base,
+                    "docket.task": execution.function_name,
+                    "docket.key": execution.key,
+                    "docket.when": _when_text(execution.when),
+                    "docket.attempt": execution.attempt,
+                    "punctuality": self.punctuality,
+                }
         return self._extra
+
+
+def _straight_handler() -> Any:
+    """The one handler a run line at INFO reaches, when it may take the
+    line's text without a record (it has ``write_message``, as the CLI's
+    ``LineHandler`` has) because nothing else would see the record: no filter
+    on the logger, no other handler on the way up, logging's own record
+    factory.  ``None`` otherwise: the line goes as a record."""
+    if logger.filters or logger.disabled or logging.getLogRecordFactory() is not _LogRecord:
+        return None
+    found = None
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            if found is not None:
+                return None
+            found = handler
+        if not current.propagate:
+            break
+        current = current.parent
+    if found is None or getattr(found, "write_message", None) is None:
+        return None
+    return found
 
 
 def log_struck(execution: Execution, base: Mapping[str, Any]) -> None:
@@ -386,6 +418,18 @@ def log_start(execution: Execution, base: Mapping[str, Any], punctuality: float)
     if not logger.isEnabledFor(logging.INFO):
         return None
     arrow = RETRY_START if execution.attempt > 1 else START
+    straight = _straight_handler()
+    if straight is not None:
+        line = RunLine.__new__(RunLine)
+        line.call = call = _call_text(execution, execution.function_name, execution.key)
+        line.base = base
+        line.execution = execution
+        line.punctuality = punctuality
+        line.fields = line._extra = None
+        line.thread = 0
+        message = f"{arrow} [{_shown(punctuality)}] {call}"
+        if straight.write_message(_time(), logging.INFO, logger.name, message):
+            return line
     if logging.getLogRecordFactory() is not _LogRecord:  # (an application's: the usual way)
         line = RunLine(execution, base, punctuality)
         logger.info("%s [%s] %s", arrow, ms(punctuality), line.call, extra=line.extra)
@@ -395,6 +439,8 @@ def log_start(execution: Execution, base: Mapping[str, Any], punctuality: float)
     key = execution.key
     line.call = call = _call_text(execution, name, key)
     line.base = base
+    line.execution = execution
+    line.punctuality = punctuality
     line._extra = None
     line.thread = thread = _get_ident()
     template = _START.templates.get(thread)
@@ -432,6 +478,11 @@ def log_end(
     (``interrupted``: why) ends with ``✗``."""
     if line is not None and failure is None and interrupted is None:  # (the usual end)
         arrow = RESCHEDULED_END if rescheduled else END
+        straight = _straight_handler()
+        if straight is not None:
+            message = f"{arrow} [{_shown(duration)}] {line.call}"
+            if straight.write_message(_time(), logging.INFO, logger.name, message):
+                return
         fields = line.fields
         if (
             fields is not None

@@ -9,7 +9,9 @@ logger's name, the time, the level and the message, then the record's
 ``extra`` fields (the docket, worker, task and key of a run), and the
 traceback when there is one.  Both go through ``LineHandler``, which
 flushes a WARNING or worse at once and other lines within a tenth of a
-second, in blocks.
+second, in blocks.  With ``plain``, the worker's run lines reach it as
+text, without a record (``LineHandler.write_message``; ``worker_logs``
+says when).
 """
 
 from __future__ import annotations
@@ -113,12 +115,7 @@ class PlainFormatter(logging.Formatter):
         else:
             message = record.getMessage()
         record.message = message
-        second = record.created // 1  # (what ``time.localtime`` shows of it)
-        level, name = record.levelname, record.name
-        head = self._head
-        if head[0] != second or head[1] is not level or head[2] is not name:
-            shown = head[3] if head[0] == second else self.formatTime(record, self.datefmt)
-            head = self._head = (second, level, name, shown, f"[{shown}] {level!s} - {name!s} - ")
+        head = self._heading(record.created, record.levelname, record.name)
         record.asctime = head[3]
         line = head[4] + message
         # the traceback and the stack, as ``logging.Formatter`` adds them
@@ -133,6 +130,22 @@ class PlainFormatter(logging.Formatter):
                 line += "\n"
             line += self.formatStack(record.stack_info)
         return line
+
+    def _heading(
+        self, created: float, level: object, name: object
+    ) -> tuple[float, object, object, str, str]:
+        """The time's text and the line up to the message of a record made
+        at ``created``, of that level and logger, remade only when one of
+        the three changed (the time to the second)."""
+        second = created // 1  # (what ``time.localtime`` shows of it)
+        head = self._head
+        if head[0] != second or head[1] is not level or head[2] is not name:
+            if head[0] == second:
+                shown = head[3]
+            else:
+                shown = time.strftime(self.DATE_FORMAT, self.converter(created))
+            head = self._head = (second, level, name, shown, f"[{shown}] {level!s} - {name!s} - ")
+        return head
 
 
 class LineHandler(logging.StreamHandler[TextIO]):
@@ -169,18 +182,48 @@ class LineHandler(logging.StreamHandler[TextIO]):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             formatter = self.formatter or _DEFAULT_FORMATTER
-            stream = self.stream
-            stream.write(formatter.format(record) + self.terminator)
-            if record.levelno >= logging.WARNING or self._closed:
-                self._pending = False
-                self.flush()
-            elif not self._pending:
-                self._pending = True
-                self._flush_soon()
+            self._write(formatter.format(record) + self.terminator, record.levelno)
         except RecursionError:
             raise
         except Exception:
             self.handleError(record)
+
+    def write_message(self, created: float, levelno: int, name: str, message: str) -> bool:
+        """Write the line of a record of logger ``name`` made at ``created``
+        with this message and no ``exc_info`` or ``stack_info``, without the
+        record, when that writes what ``handle`` writes: the formatter is
+        a ``PlainFormatter`` (whose line shows none of the record's other
+        fields), the handler has no filter and its level lets the record
+        through.  Returns whether it wrote the line (else nothing was done:
+        the caller logs a record).  The worker's run lines come this way
+        (``worker_logs``), when this is the one handler they reach."""
+        formatter = self.formatter
+        lock = self.lock
+        if type(formatter) is not PlainFormatter or self.filters or levelno < self.level:
+            return False
+        if lock is None:
+            return False
+        head = formatter._heading(created, logging.getLevelName(levelno), name)
+        with lock:
+            try:
+                self._write(head[4] + message + self.terminator, levelno)
+            except RecursionError:
+                raise
+            except Exception:
+                record = logging.LogRecord(name, levelno, "", 0, message, None, None)
+                record.created = created
+                self.handleError(record)
+        return True
+
+    def _write(self, text: str, levelno: int) -> None:
+        """Write ``text`` (under the lock); flush it now or soon, by ``levelno``."""
+        self.stream.write(text)
+        if levelno >= logging.WARNING or self._closed:
+            self._pending = False
+            self.flush()
+        elif not self._pending:
+            self._pending = True
+            self._flush_soon()
 
     def _flush_soon(self) -> None:
         if self._flusher is None:

@@ -150,6 +150,8 @@ def plan_end(
     - Anything else is recorded as completed, failed or cancelled.
     """
     now = ended.now
+    if not may_follow(policy, ended):
+        return _recorded(delivery_id, message, ended, outcome, error, execution_ttl, request)
     follow_up = ended.follow_up or _NO_FOLLOW_UP
     if follow_up.blocked is not None and not cancelled:
         return _plan_blocked(delivery_id, message, follow_up, now, execution_ttl, error, request)
@@ -195,6 +197,26 @@ def plan_end(
             ended_error=error if failed else None,
             request=request,
         )
+    return _recorded(delivery_id, message, ended, outcome, error, execution_ttl, request)
+
+
+def may_follow(policy: TaskPolicy, ended: TaskEnded) -> bool:
+    """Whether anything may follow this run's end (``plan_end``): a retry,
+    a next perpetual run, what an ``AdmissionBlocked`` or a handler asked
+    for.  ``False``: its end only records how it ended (a ``Finish``)."""
+    return policy.retry is not None or policy.perpetual is not None or ended.follow_up is not None
+
+
+def _recorded(
+    delivery_id: str,
+    message: TaskMessage,
+    ended: TaskEnded,
+    outcome: TaskOutcome,
+    error: str | None,
+    execution_ttl: float,
+    request: Request | None,
+) -> Finish:
+    """The end of a run that nothing follows: its outcome recorded."""
     if outcome is TaskOutcome.SUCCEEDED:
         state = ExecutionState.COMPLETED
     elif outcome is TaskOutcome.FAILED:
@@ -206,7 +228,7 @@ def plan_end(
         key=message.key,
         generation=message.generation,
         state=state,
-        now=now,
+        now=ended.now,
         ttl=execution_ttl,
         error=error,
         result=ended.result if execution_ttl > 0 else None,

@@ -41,7 +41,7 @@ from .admission import (
     next_admit,
     settle_apart,
 )
-from .decisions import plan_end
+from .decisions import may_follow, plan_end
 from .effects import (
     BatchTurn,
     Claim,
@@ -554,8 +554,10 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         pending = self._rescheduled_if
         if pending is not None:
             flight, event, cancelled = pending
-            planned = self._plan(flight, event, event.outcome, event.error, cancelled)
-            self._rescheduled, self._rescheduled_if = isinstance(planned, Schedule), None
+            self._rescheduled = may_follow(flight.policy, event) and isinstance(
+                self._plan(flight, event, event.outcome, event.error, cancelled), Schedule
+            )
+            self._rescheduled_if = None
         return self._rescheduled
 
     def _plan(

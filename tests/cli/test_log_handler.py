@@ -129,3 +129,55 @@ def test_the_cli_installs_the_line_handler(log_format: LogFormat) -> None:
         root.removeHandler(handler)
         handler.close()
         root.setLevel(level)
+
+
+def _plain() -> tuple[LineHandler, _Raw]:
+    handler, raw = _handler()
+    handler.setFormatter(PlainFormatter())
+    return handler, raw
+
+
+def test_a_message_written_straight_reads_as_its_record_reads() -> None:
+    """``write_message`` writes the line ``handle`` writes for a record of
+    that time, level, logger and message (no traceback, no stack)."""
+    straight, straight_raw = _plain()
+    handled, handled_raw = _plain()
+    try:
+        written = 0
+        for record in _records():
+            if record.exc_info or record.stack_info:
+                continue
+            assert straight.write_message(
+                record.created, record.levelno, record.name, record.getMessage()
+            )
+            handled.handle(record)
+            written += 1
+        straight.flush()
+        handled.flush()
+    finally:
+        straight.close()
+        handled.close()
+    assert written >= 20
+    assert straight_raw.flushed == handled_raw.flushed
+    assert len(straight_raw.flushed.decode().splitlines()) > written  # (a multi-line message)
+
+
+def test_a_handler_that_would_show_more_than_the_text_takes_a_record() -> None:
+    """``write_message`` declines, writing nothing, when the record could
+    show more than its text: another formatter, a filter, a level above."""
+    other = _handler()  # (``%(levelname)s %(message)s``: not a ``PlainFormatter``)
+    filtered = _plain()
+    filtered[0].addFilter(lambda record: True)
+    above = _plain()
+    above[0].setLevel(logging.WARNING)
+    try:
+        for handler, _ in (other, filtered, above):
+            assert not handler.write_message(1.0, logging.INFO, "docket.worker", "↪ x")
+        assert above[0].write_message(1.0, logging.ERROR, "docket.worker", "↩ y")
+        for handler, _ in (other, filtered, above):
+            handler.flush()
+    finally:
+        for handler, _ in (other, filtered, above):
+            handler.close()
+    assert other[1].flushed == filtered[1].flushed == b""
+    assert above[1].flushed.decode().endswith("ERROR - docket.worker - ↩ y\n")

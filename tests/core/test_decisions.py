@@ -8,11 +8,14 @@ from typing import Any
 
 import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from docket_core.sansio.decisions import (
     LONGEST_RETRY_DELAY,
     PendingCall,
     failure_ttl,
+    may_follow,
     may_retry,
     plan_add,
     plan_end,
@@ -290,6 +293,48 @@ def test_a_run_cancelled_while_it_ran_records_its_end_and_nothing_follows(
     assert isinstance(end(policy, outcome, task_ended=asked, error=error), Schedule) is (
         outcome is not TaskOutcome.CANCELLED
     )
+
+
+@given(
+    outcome=st.sampled_from(TaskOutcome),
+    error=st.none() | st.just("ValueError: no"),
+    result=st.none() | st.just(b"result"),
+    ttl=st.sampled_from([0.0, 60.0]),
+    cancelled=st.booleans(),
+)
+def test_an_end_nothing_may_follow_is_recorded_as_the_long_way_records_it(
+    outcome: TaskOutcome, error: str | None, result: bytes | None, ttl: float, cancelled: bool
+) -> None:
+    """Without a retry, a perpetual policy or a follow-up, ``plan_end`` goes
+    straight to the record (``may_follow``): the same ``Finish`` as the way
+    through every branch gives (taken with a follow-up that asks nothing)."""
+    plain = TaskPolicy()
+
+    def planned(follow_up: FollowUp | None) -> Any:
+        task_ended = TaskEnded(
+            delivery_id="1-0", now=100.0, outcome=outcome, result=result, follow_up=follow_up
+        )
+        assert may_follow(plain, task_ended) is (follow_up is not None)
+        return end(
+            plain,
+            outcome,
+            task_ended=task_ended,
+            error=error,
+            execution_ttl=ttl,
+            cancelled=cancelled,
+        )
+
+    short = planned(None)
+    assert isinstance(short, Finish)
+    assert short == planned(FollowUp())
+
+
+def test_anything_that_may_follow_an_end_takes_the_long_way() -> None:
+    task_ended = ended()
+    assert not may_follow(TaskPolicy(), task_ended)
+    assert may_follow(TaskPolicy(retry=RetryPolicy(attempts=2, delay=1.0)), task_ended)
+    assert may_follow(TaskPolicy(perpetual=PerpetualPolicy(every=30.0)), task_ended)
+    assert may_follow(TaskPolicy(), ended(follow_up=FollowUp(retry_at=5.0)))
 
 
 def test_a_rejected_delivery_fails_with_its_problem_or_is_cancelled() -> None:

@@ -4,9 +4,11 @@ compute afresh: the ``[   12ms]`` of a duration, ``docket.when``, the
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import random
+import re
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -15,6 +17,8 @@ from typing import Annotated
 import pytest
 
 from docket_core import Docket, Logged
+from docket_core.cli.logs import LineHandler, PlainFormatter
+from docket_core.execution import Execution
 from docket_core.worker_logs import (
     _call_text,
     _shown,
@@ -114,3 +118,104 @@ async def test_the_end_record_shares_nothing_with_the_start_record(
     assert end.__dict__["scribbled"] == end.getMessage()  # (its own, not the start's)
     assert (start.funcName, end.funcName) == ("log_start", "log_end")
     assert start.lineno != end.lineno
+
+
+class _Counting(LineHandler):
+    """The CLI's handler, counting the records it is handed."""
+
+    def __init__(self, stream: io.StringIO) -> None:
+        super().__init__(stream)
+        self.setFormatter(PlainFormatter())
+        self.records = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records += 1
+        super().emit(record)
+
+
+def _lines(docket: Docket, execution: Execution, extra: logging.Handler | None) -> tuple[str, int]:
+    """Two runs' start and end lines, through ``docket.worker``
+    with the CLI's handler alone on it (and ``extra`` beside it); what the
+    handler wrote (its times blanked) and how many records it was handed."""
+    log = logging.getLogger("docket.worker")
+    stream = io.StringIO()
+    handler = _Counting(stream)
+    saved = (log.level, log.propagate)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    log.addHandler(handler)
+    if extra is not None:
+        log.addHandler(extra)
+    try:
+        base = worker_extra(docket.name, "w")
+        for punctuality, duration, rescheduled in [(0.25, 0.5, False), (0.003, 12.0, True)]:
+            line = log_start(execution, base, punctuality)
+            log_end(line, execution, base, punctuality, duration, rescheduled=rescheduled)
+    finally:
+        log.removeHandler(handler)
+        if extra is not None:
+            log.removeHandler(extra)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+        handler.close()
+    return re.sub(r"^\[[^]]*\]", "[time]", stream.getvalue(), flags=re.M), handler.records
+
+
+async def test_run_lines_go_straight_to_the_one_line_handler_as_records_would(
+    docket: Docket,
+) -> None:
+    """The CLI's handler alone on the way takes a run's lines as text (no
+    record is made), and writes what it writes of their records when
+    another handler beside it makes them go as records."""
+
+    async def task(a: int) -> None: ...
+
+    execution = await docket.add(task, key="the-key")(1)
+    straight, handed = _lines(docket, execution, None)
+    as_records, handed_records = _lines(docket, execution, logging.NullHandler())
+    assert (handed, handed_records) == (0, 4)
+    assert straight == as_records
+    assert straight.splitlines() == [
+        "[time] INFO - docket.worker - ↪ [   250ms] task(...){the-key}",
+        "[time] INFO - docket.worker - ↩ [   500ms] task(...){the-key}",
+        "[time] INFO - docket.worker - ↪ [     3ms] task(...){the-key}",
+        "[time] INFO - docket.worker - ↫ [ 12000ms] task(...){the-key}",
+    ]
+
+
+async def test_an_end_line_after_a_straight_start_carries_the_run_fields(
+    docket: Docket, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A start line went straight (no record); a handler came before the
+    end: the end record still carries every field of the run."""
+
+    async def task() -> None: ...
+
+    execution = await docket.add(task, key="k")()
+    log = logging.getLogger("docket.worker")
+    saved = (log.level, log.propagate)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    handler = _Counting(io.StringIO())
+    log.addHandler(handler)
+    try:
+        base = worker_extra(docket.name, "w")
+        line = log_start(execution, base, 0.25)
+        assert handler.records == 0
+        log.propagate = True
+        caplog.set_level(logging.INFO, logger="docket.worker")
+        log_end(line, execution, base, 0.25, 0.5, rescheduled=False)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+        handler.close()
+    (end,) = (r for r in caplog.records if r.__dict__.get("docket.key") == "k")
+    fields = {name: end.__dict__[name] for name in ("docket.task", "docket.when", "punctuality")}
+    assert fields == {
+        "docket.task": "task",
+        "docket.when": execution.when.isoformat(),
+        "punctuality": 0.25,
+    }
+    assert (end.__dict__["docket.attempt"], end.__dict__["duration"]) == (1, 0.5)
+    assert end.getMessage() == "↩ [   500ms] task(){k}" and handler.records == 1
