@@ -488,6 +488,11 @@ def loop_options(loop: str) -> dict[str, Any]:
     return {"backend": loop}
 
 
+#: how many young objects (allocations less deallocations) start a collection
+#: while the heap is frozen (Python's default: 700)
+YOUNG_THRESHOLD = 10_000
+
+
 @contextmanager
 def frozen_heap(enabled: bool) -> Iterator[None]:
     """While the block runs, keep every object that was there when it began
@@ -499,16 +504,34 @@ def frozen_heap(enabled: bool) -> Iterator[None]:
     modules and the application's objects, which a worker keeps to the end.
     Frozen, those passes walk only what the worker made since (a 50,000-task
     drain spends a few ms on them instead of about 100 ms in pauses of 25 to
-    40 ms).  The cost: a reference cycle among the frozen objects that
+    40 ms).  Young objects are collected every ``YOUNG_THRESHOLD``
+    allocations (net of deallocations) instead of 700: most of a worker's die
+    before a pass sees them, which saves about 1 µs of CPU a task in a
+    no-op drain.  The cost: a reference cycle among the frozen objects that
     becomes garbage while the block runs is collected only after it (objects
-    without cycles are freed as always).  Freezing is process-wide: the
-    first of two such blocks to end unfreezes for both."""
+    without cycles are freed as always), and young cycles wait a little
+    longer.  Freezing and the threshold are process-wide: the first of two
+    such blocks to end unfreezes for both, the last one puts the threshold
+    back (unless someone else changed it meanwhile)."""
     if not enabled:
         yield
         return
     gc.collect()
     gc.freeze()
+    if not _THRESHOLDS:
+        threshold = gc.get_threshold()
+        gc.set_threshold(max(threshold[0], YOUNG_THRESHOLD), *threshold[1:])
+        _THRESHOLDS.append(threshold)
+    else:
+        _THRESHOLDS.append(_THRESHOLDS[0])
     try:
         yield
     finally:
+        threshold = _THRESHOLDS.pop()
+        if not _THRESHOLDS and gc.get_threshold()[0] == max(threshold[0], YOUNG_THRESHOLD):
+            gc.set_threshold(*threshold)
         gc.unfreeze()
+
+
+#: the collector's thresholds before the first frozen heap still open, once per one open
+_THRESHOLDS: list[tuple[int, int, int]] = []

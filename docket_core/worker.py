@@ -128,9 +128,10 @@ class Worker(BatchSending):
         lifespan) that owns them and cancels the worker to stop it.
 
         ``freeze_gc=True`` keeps the objects there when the worker starts out
-        of the garbage collector's passes until it stops (``running.frozen_heap``:
-        a few µs less CPU a task, and no full collection pauses over the
-        application's heap); ``docket worker`` sets it, since its process is
+        of the garbage collector's passes until it stops, and collects young
+        objects less often (``running.frozen_heap``: a few µs less CPU a task,
+        and no full collection pauses over the application's heap);
+        ``docket worker`` sets it, since its process is
         the worker's own.  A reference cycle among those objects that becomes
         garbage meanwhile is collected only once the worker stops."""
         self.docket = docket

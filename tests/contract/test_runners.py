@@ -17,7 +17,7 @@ import pytest
 from helpers import finish, loaded, make_worker
 
 from docket_core import Docket, ExecutionState, Timeout, Worker
-from docket_core.running import loop_options
+from docket_core.running import YOUNG_THRESHOLD, frozen_heap, loop_options
 from docket_core.sansio.errors import UsageError
 
 pytestmark = pytest.mark.anyio
@@ -187,23 +187,44 @@ async def test_freeze_gc_keeps_the_heap_out_of_collections_while_the_worker_runs
     docket: Docket, freeze: bool
 ) -> None:
     """``Worker(freeze_gc=True)`` freezes what was there when it started
-    (a run sees ``gc.get_freeze_count() > 0``) and gives it back to the
-    collector when it stops; without it, nothing is frozen."""
+    (a run sees ``gc.get_freeze_count() > 0``) and collects young objects
+    less often (``YOUNG_THRESHOLD``), and gives both back when it stops;
+    without it, nothing is frozen and the thresholds stay."""
     frozen: list[int] = []
+    thresholds: list[tuple[int, int, int]] = []
 
     async def counted() -> None:
         frozen.append(gc.get_freeze_count())
+        thresholds.append(gc.get_threshold())
 
-    assert gc.get_freeze_count() == 0
+    before = gc.get_threshold()
+    assert gc.get_freeze_count() == 0 and before[0] < YOUNG_THRESHOLD
     for _ in range(3):
         await docket.add(counted)()
     await finish(make_worker(docket, freeze_gc=freeze), 5.0)
     assert len(frozen) == 3
     if freeze:
         assert min(frozen) > 1000  # (the modules' objects, at least)
+        assert set(thresholds) == {(YOUNG_THRESHOLD, *before[1:])}
     else:
         assert frozen == [0, 0, 0]
+        assert set(thresholds) == {before}
     assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before
+
+
+def test_overlapping_frozen_heaps_put_the_threshold_back_when_the_last_ends() -> None:
+    """Two workers of one process, the first to start stopping first: the
+    young threshold stays raised until the second stops."""
+    before = gc.get_threshold()
+    first, second = frozen_heap(True), frozen_heap(True)
+    first.__enter__()
+    second.__enter__()
+    assert gc.get_threshold()[0] == YOUNG_THRESHOLD
+    first.__exit__(None, None, None)
+    assert gc.get_threshold()[0] == YOUNG_THRESHOLD
+    second.__exit__(None, None, None)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
 def test_an_unknown_loop_is_a_usage_error() -> None:
