@@ -161,7 +161,6 @@ def test_every_other_call_leaves_the_fast_path_and_ends_the_same(
     client: redis.Redis, case: str
 ) -> None:
     twins = Twins(client)
-    count = "1"
     memo = ""
     if case in ("live", "ended"):
         twins.both(pack_batch(message("key")))
@@ -189,8 +188,8 @@ def test_every_other_call_leaves_the_fast_path_and_ends_the_same(
     else:
         blob = pack_batch(message("key", expect="3", ended="completed"))
     replies: list[Any] = []
-    assert not took_fast_path(client, lambda: replies.append(twins.call("fast", blob, count, memo)))
-    replies.append(twins.call("body", blob, count, memo))
+    assert not took_fast_path(client, lambda: replies.append(twins.call("fast", blob, memo=memo)))
+    replies.append(twins.call("body", blob, memo=memo))
     assert replies[0] == replies[1]
     twins.same()
 
