@@ -520,7 +520,7 @@ def frozen_heap(enabled: bool) -> Iterator[None]:
     gc.freeze()
     if not _THRESHOLDS:
         threshold = gc.get_threshold()
-        gc.set_threshold(max(threshold[0], YOUNG_THRESHOLD), *threshold[1:])
+        gc.set_threshold(*_raised(threshold))
         _THRESHOLDS.append(threshold)
     else:
         _THRESHOLDS.append(_THRESHOLDS[0])
@@ -528,9 +528,16 @@ def frozen_heap(enabled: bool) -> Iterator[None]:
         yield
     finally:
         threshold = _THRESHOLDS.pop()
-        if not _THRESHOLDS and gc.get_threshold()[0] == max(threshold[0], YOUNG_THRESHOLD):
+        if not _THRESHOLDS and gc.get_threshold() == _raised(threshold):
             gc.set_threshold(*threshold)
         gc.unfreeze()
+
+
+def _raised(threshold: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The thresholds while a heap is frozen: the young one at least
+    ``YOUNG_THRESHOLD`` (unless it is 0: automatic collection is off, and stays off)."""
+    young, middle, old = threshold
+    return (max(young, YOUNG_THRESHOLD) if young else 0, middle, old)
 
 
 #: the collector's thresholds before the first frozen heap still open, once per one open

@@ -194,14 +194,15 @@ class LineHandler(logging.StreamHandler[TextIO]):
         record, when that writes what ``handle`` writes: the formatter is
         a ``PlainFormatter`` (whose line shows none of the record's other
         fields), the handler has no filter and its level lets the record
-        through.  Returns whether it wrote the line (else nothing was done:
-        the caller logs a record).  The worker's run lines come this way
-        (``worker_logs``), when this is the one handler they reach."""
+        through, and a subclass has not changed how a record is handled
+        or emitted.  Returns whether it wrote the line (else nothing was
+        done: the caller logs a record).  The worker's run lines come this
+        way (``worker_logs``), when this is the one handler they reach."""
         formatter = self.formatter
         lock = self.lock
         if type(formatter) is not PlainFormatter or self.filters or levelno < self.level:
             return False
-        if lock is None:
+        if lock is None or not _writes_as_line_handler(type(self)):
             return False
         head = formatter._heading(created, logging.getLevelName(levelno), name)
         with lock:
@@ -280,6 +281,14 @@ class LineHandler(logging.StreamHandler[TextIO]):
         self._flusher = None
         self._wake = threading.Event()
         self._pending = False
+
+
+def _writes_as_line_handler(kind: type[LineHandler]) -> bool:
+    """Whether a handler of this class handles and emits records as
+    ``LineHandler`` does (a subclass may override neither)."""
+    return kind is LineHandler or (
+        kind.handle is LineHandler.handle and kind.emit is LineHandler.emit
+    )
 
 
 _DEFAULT_FORMATTER = logging.Formatter()

@@ -227,6 +227,17 @@ def test_overlapping_frozen_heaps_put_the_threshold_back_when_the_last_ends() ->
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
+def test_a_frozen_heap_leaves_automatic_collection_off_when_it_was() -> None:
+    before = gc.get_threshold()
+    gc.set_threshold(0)
+    try:
+        with frozen_heap(True):
+            assert gc.get_threshold()[0] == 0
+        assert gc.get_threshold()[0] == 0
+    finally:
+        gc.set_threshold(*before)
+
+
 def test_an_unknown_loop_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="asyncio, uvloop, trio"):
         loop_options("tokio")

@@ -121,15 +121,33 @@ async def test_the_end_record_shares_nothing_with_the_start_record(
 
 
 class _Counting(LineHandler):
-    """The CLI's handler, counting the records it is handed."""
+    """The CLI's handler, counting the records its formatter is handed
+    (it changes neither ``handle`` nor ``emit``: lines may go straight)."""
+
+    def __init__(self, stream: io.StringIO) -> None:
+        super().__init__(stream)
+        formatter = PlainFormatter()
+        plain = formatter.format
+        self.records = 0
+
+        def counted(record: logging.LogRecord) -> str:
+            self.records += 1
+            return plain(record)
+
+        formatter.format = counted  # type: ignore[method-assign]
+        self.setFormatter(formatter)
+
+
+class _Emitting(LineHandler):
+    """A handler of the CLI's class that emits its own way: it takes records."""
 
     def __init__(self, stream: io.StringIO) -> None:
         super().__init__(stream)
         self.setFormatter(PlainFormatter())
-        self.records = 0
+        self.emitted: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.records += 1
+        self.emitted.append(record.getMessage())
         super().emit(record)
 
 
@@ -219,3 +237,27 @@ async def test_an_end_line_after_a_straight_start_carries_the_run_fields(
     }
     assert (end.__dict__["docket.attempt"], end.__dict__["duration"]) == (1, 0.5)
     assert end.getMessage() == "↩ [   500ms] task(){k}" and handler.records == 1
+
+
+async def test_a_line_handler_subclass_that_emits_its_own_way_gets_records(
+    docket: Docket,
+) -> None:
+    async def task() -> None: ...
+
+    execution = await docket.add(task, key="k")()
+    log = logging.getLogger("docket.worker")
+    saved = (log.level, log.propagate)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    handler = _Emitting(io.StringIO())
+    log.addHandler(handler)
+    try:
+        base = worker_extra(docket.name, "w")
+        line = log_start(execution, base, 0.25)
+        log_end(line, execution, base, 0.25, 0.5, rescheduled=False)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+        handler.close()
+    assert handler.emitted == ["↪ [   250ms] task(){k}", "↩ [   500ms] task(){k}"]
