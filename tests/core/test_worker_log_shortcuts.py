@@ -10,7 +10,8 @@ import math
 import random
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Annotated
 
@@ -151,32 +152,39 @@ class _Emitting(LineHandler):
         super().emit(record)
 
 
+@contextmanager
+def _alone_on_the_worker_logger(*handlers: logging.Handler) -> Iterator[logging.Logger]:
+    """``docket.worker`` at INFO with these handlers and no propagation
+    (put back as it was, the handlers closed, at the end)."""
+    log = logging.getLogger("docket.worker")
+    saved = (log.level, log.propagate)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    for handler in handlers:
+        log.addHandler(handler)
+    try:
+        yield log
+    finally:
+        for handler in handlers:
+            log.removeHandler(handler)
+            handler.close()
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+
+
 def _lines(docket: Docket, execution: Execution, extra: logging.Handler | None) -> tuple[str, int]:
     """Two runs' start and end lines, through ``docket.worker``
     with the CLI's handler alone on it (and ``extra`` beside it); what the
     handler wrote (its times blanked) and how many records it was handed."""
-    log = logging.getLogger("docket.worker")
     stream = io.StringIO()
     handler = _Counting(stream)
-    saved = (log.level, log.propagate)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    log.addHandler(handler)
-    if extra is not None:
-        log.addHandler(extra)
-    try:
+    with _alone_on_the_worker_logger(handler, *([extra] if extra is not None else [])):
         base = worker_extra(docket.name, "w")
         for punctuality, duration, rescheduled in [(0.25, 0.5, False), (0.003, 12.0, True)]:
             line = log_start(execution, base, punctuality)
             log_end(line, execution, base, punctuality, duration, rescheduled=rescheduled)
-    finally:
-        log.removeHandler(handler)
-        if extra is not None:
-            log.removeHandler(extra)
-        log.setLevel(saved[0])
-        log.propagate = saved[1]
-        handler.close()
-    return re.sub(r"^\[[^]]*\]", "[time]", stream.getvalue(), flags=re.M), handler.records
+        written = stream.getvalue()
+    return re.sub(r"^\[[^]]*\]", "[time]", written, flags=re.M), handler.records
 
 
 async def test_run_lines_go_straight_to_the_one_line_handler_as_records_would(
@@ -210,24 +218,14 @@ async def test_an_end_line_after_a_straight_start_carries_the_run_fields(
     async def task() -> None: ...
 
     execution = await docket.add(task, key="k")()
-    log = logging.getLogger("docket.worker")
-    saved = (log.level, log.propagate)
-    log.setLevel(logging.INFO)
-    log.propagate = False
     handler = _Counting(io.StringIO())
-    log.addHandler(handler)
-    try:
+    with _alone_on_the_worker_logger(handler) as log:
         base = worker_extra(docket.name, "w")
         line = log_start(execution, base, 0.25)
         assert handler.records == 0
         log.propagate = True
         caplog.set_level(logging.INFO, logger="docket.worker")
         log_end(line, execution, base, 0.25, 0.5, rescheduled=False)
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(saved[0])
-        log.propagate = saved[1]
-        handler.close()
     (end,) = (r for r in caplog.records if r.__dict__.get("docket.key") == "k")
     fields = {name: end.__dict__[name] for name in ("docket.task", "docket.when", "punctuality")}
     assert fields == {
@@ -245,19 +243,9 @@ async def test_a_line_handler_subclass_that_emits_its_own_way_gets_records(
     async def task() -> None: ...
 
     execution = await docket.add(task, key="k")()
-    log = logging.getLogger("docket.worker")
-    saved = (log.level, log.propagate)
-    log.setLevel(logging.INFO)
-    log.propagate = False
     handler = _Emitting(io.StringIO())
-    log.addHandler(handler)
-    try:
+    with _alone_on_the_worker_logger(handler):
         base = worker_extra(docket.name, "w")
         line = log_start(execution, base, 0.25)
         log_end(line, execution, base, 0.25, 0.5, rescheduled=False)
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(saved[0])
-        log.propagate = saved[1]
-        handler.close()
     assert handler.emitted == ["↪ [   250ms] task(){k}", "↩ [   500ms] task(){k}"]
