@@ -204,9 +204,9 @@ class LineHandler(logging.StreamHandler[TextIO]):
             return False
         if lock is None or not _writes_as_line_handler(type(self)):
             return False
-        head = formatter._heading(created, logging.getLevelName(levelno), name)
         with lock:
             try:
+                head = formatter._heading(created, logging.getLevelName(levelno), name)
                 self._write(head[4] + message + self.terminator, levelno)
             except RecursionError:
                 raise

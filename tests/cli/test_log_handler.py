@@ -181,3 +181,18 @@ def test_a_handler_that_would_show_more_than_the_text_takes_a_record() -> None:
             handler.close()
     assert other[1].flushed == filtered[1].flushed == b""
     assert above[1].flushed.decode().endswith("ERROR - docket.worker - ↩ y\n")
+
+
+def test_a_line_that_cannot_be_written_is_reported_as_a_record_would_be(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A time the formatter cannot show (or a broken stream) goes to
+    ``handleError``, as ``emit`` sends it: nothing reaches the caller."""
+    handler, raw = _plain()
+    try:
+        assert handler.write_message(1e300, logging.INFO, "docket.worker", "↪ late")
+        handler.flush()
+    finally:
+        handler.close()
+    assert raw.flushed == b""
+    assert "↪ late" in capsys.readouterr().err
