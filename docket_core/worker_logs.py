@@ -366,19 +366,15 @@ class RunLine:
     def extra(self) -> dict[str, Any]:
         """The ``extra`` of the run's lines (without ``duration``, until the end)."""
         if self._extra is None:
-            fields = self.fields
-            if fields is not None:
-                self._extra = {**self.base, **{name: fields[name] for name in _RUN_FIELDS}}
-            else:
-                execution = self.execution
-                self._extra = {
-                    **self.base,
-                    "docket.task": execution.function_name,
-                    "docket.key": execution.key,
-                    "docket.when": _when_text(execution.when),
-                    "docket.attempt": execution.attempt,
-                    "punctuality": self.punctuality,
-                }
+            execution = self.execution
+            self._extra = {
+                **self.base,
+                "docket.task": execution.function_name,
+                "docket.key": execution.key,
+                "docket.when": _when_text(execution.when),
+                "docket.attempt": execution.attempt,
+                "punctuality": self.punctuality,
+            }
         return self._extra
 
 
@@ -418,30 +414,18 @@ def log_start(execution: Execution, base: Mapping[str, Any], punctuality: float)
     if not logger.isEnabledFor(logging.INFO):
         return None
     arrow = RETRY_START if execution.attempt > 1 else START
+    line = RunLine(execution, base, punctuality)
+    call = line.call
     straight = _straight_handler()
-    if straight is not None:
-        line = RunLine.__new__(RunLine)
-        line.call = call = _call_text(execution, execution.function_name, execution.key)
-        line.base = base
-        line.execution = execution
-        line.punctuality = punctuality
-        line.fields = line._extra = None
-        line.thread = 0
-        message = f"{arrow} [{_shown(punctuality)}] {call}"
-        if straight.write_message(_time(), logging.INFO, logger.name, message):
-            return line
-    if logging.getLogRecordFactory() is not _LogRecord:  # (an application's: the usual way)
-        line = RunLine(execution, base, punctuality)
-        logger.info("%s [%s] %s", arrow, ms(punctuality), line.call, extra=line.extra)
+    if straight is not None and straight.write_message(
+        _time(), logging.INFO, logger.name, f"{arrow} [{_shown(punctuality)}] {call}"
+    ):
         return line
-    line = RunLine.__new__(RunLine)
+    if logging.getLogRecordFactory() is not _LogRecord:  # (an application's: the usual way)
+        logger.info("%s [%s] %s", arrow, ms(punctuality), call, extra=line.extra)
+        return line
     name = execution.function_name
     key = execution.key
-    line.call = call = _call_text(execution, name, key)
-    line.base = base
-    line.execution = execution
-    line.punctuality = punctuality
-    line._extra = None
     line.thread = thread = _get_ident()
     template = _START.templates.get(thread)
     if template is None or template.bases != len(base):
