@@ -13,7 +13,7 @@ import anyio
 import redis
 from servers import Servers
 
-from docket_core import Docket, Execution, Worker
+from docket_core import Docket, Execution, ExecutionState, Worker
 from docket_core.sansio.effects import AcquireSlot, Claim, ClaimItem
 from docket_core.sansio.inputs import Claimed, ClaimVerdict
 from docket_core.sansio.partitions import partition_of
@@ -63,6 +63,20 @@ async def loaded(docket: Docket, key: str) -> Execution:
     execution = await docket.get_execution(key)
     assert execution is not None
     return execution
+
+
+async def admitted_at(docket: Docket, keys: list[str]) -> list[float]:
+    """When the store admitted each run of ``keys`` that ran, as epoch seconds:
+    the ``started_at`` its claim recorded, the ``now`` the admission controls
+    (rate limits, cooldowns) judged it by.  A task body's own clock can start
+    much later under load; these are the times the controls promise about."""
+    times = []
+    for each in keys:
+        execution = await loaded(docket, each)
+        if execution.state is ExecutionState.COMPLETED:
+            assert execution.started_at is not None, each
+            times.append(execution.started_at.timestamp())
+    return times
 
 
 async def claim_as(docket: Docket, worker: str, count: int, now: float) -> list[Delivery]:

@@ -24,6 +24,8 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -35,6 +37,7 @@ __all__ = [
     "PlainFormatter",
     "configure_logging",
     "default_log_format",
+    "logging_configured",
 ]
 
 
@@ -334,3 +337,19 @@ def configure_logging(level: LogLevel, log_format: LogFormat) -> logging.Handler
     root.addHandler(handler)
     root.setLevel(level.value)
     return handler
+
+
+@contextmanager
+def logging_configured(level: LogLevel, log_format: LogFormat) -> Iterator[logging.Handler]:
+    """``configure_logging`` for the length of a command: on the way out the
+    root logger gets its level back and loses the handler, so a command run
+    inside a longer process (a test, a notebook) leaves no handler behind
+    writing to a stream that may since have closed."""
+    root = logging.getLogger()
+    level_before = root.level
+    handler = configure_logging(level, log_format)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level_before)

@@ -26,7 +26,7 @@ from .common import (
     note_memory,
     run_guarded,
 )
-from .logs import LogFormat, LogLevel, configure_logging, default_log_format
+from .logs import LogFormat, LogLevel, default_log_format, logging_configured
 from .parsing import split_task_paths
 
 __all__ = ["DEFAULT_TASKS", "worker"]
@@ -250,40 +250,40 @@ def worker(
     ``--until-finished``, until the docket is empty."""
     from ..worker import Worker
 
-    configure_logging(logging_level, logging_format)
-    note_memory(url, MEMORY_WORKER_NOTE)
-    accepted = _accepted_options()
-    options: dict[str, Any] = {
-        "docket_name": docket_,
-        "url": url,
-        "name": name,
-        "concurrency": concurrency,
-        "redelivery_timeout": redelivery_timeout,
-        "reconnection_delay": reconnection_delay,
-        "minimum_check_interval": minimum_check_interval,
-        "scheduling_resolution": scheduling_resolution,
-        "schedule_automatic_tasks": schedule_automatic_tasks,
-        "until_finished": until_finished,
-        "healthcheck_port": healthcheck_port,
-        "metrics_port": metrics_port,
-        "tasks": split_task_paths(tasks),
-        "fallback_task": fallback_task,
-        "drain_timeout": drain_timeout,
-        "freeze_gc": freeze_gc,
-    }
-    _optional(options, accepted, "message_batch", message_batch, DEFAULT_MESSAGE_BATCH)
-    _optional(
-        options,
-        accepted,
-        "enable_internal_instrumentation",
-        enable_internal_instrumentation,
-        False,
-    )
-    _optional(options, accepted, "dependencies", dependencies, None)
+    with logging_configured(logging_level, logging_format):
+        note_memory(url, MEMORY_WORKER_NOTE)
+        accepted = _accepted_options()
+        options: dict[str, Any] = {
+            "docket_name": docket_,
+            "url": url,
+            "name": name,
+            "concurrency": concurrency,
+            "redelivery_timeout": redelivery_timeout,
+            "reconnection_delay": reconnection_delay,
+            "minimum_check_interval": minimum_check_interval,
+            "scheduling_resolution": scheduling_resolution,
+            "schedule_automatic_tasks": schedule_automatic_tasks,
+            "until_finished": until_finished,
+            "healthcheck_port": healthcheck_port,
+            "metrics_port": metrics_port,
+            "tasks": split_task_paths(tasks),
+            "fallback_task": fallback_task,
+            "drain_timeout": drain_timeout,
+            "freeze_gc": freeze_gc,
+        }
+        _optional(options, accepted, "message_batch", message_batch, DEFAULT_MESSAGE_BATCH)
+        _optional(
+            options,
+            accepted,
+            "enable_internal_instrumentation",
+            enable_internal_instrumentation,
+            False,
+        )
+        _optional(options, accepted, "dependencies", dependencies, None)
 
-    for path in options["tasks"]:
-        _check_path("--tasks", path)
-    if fallback_task:
-        _check_path("--fallback-task", fallback_task)
+        for path in options["tasks"]:
+            _check_path("--tasks", path)
+        if fallback_task:
+            _check_path("--fallback-task", fallback_task)
 
-    run_guarded(lambda: Worker.run_sync(loop=loop, **options))
+        run_guarded(lambda: Worker.run_sync(loop=loop, **options))

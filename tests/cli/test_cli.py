@@ -5,6 +5,7 @@ environment variables and defaults as pydocket declares them, usage errors
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -311,6 +312,23 @@ def test_usage_errors_exit_2(
     assert main([*argv, "--url", "memory://usage"] if argv[0] != "nope" else argv) == 2
     err = capsys.readouterr().err
     assert message in " ".join(err.replace("│", " ").split())
+
+
+def test_the_worker_command_leaves_the_root_logger_as_it_found_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Run in-process (a test, a notebook), the command takes its handler off
+    the root logger again, whether the worker ran or the command failed: a
+    handler left behind would write to a stream that has since closed."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    ran = ["worker", "--url", "memory://left", "--until-finished", "--tasks", "cli_tasks:tasks"]
+    failed = ["worker", "--url", "memory://left", "--tasks", "cli_tasks:nothing"]
+    for argv, status in ((ran, 0), (failed, 2)):
+        assert main([*argv, "--logging-level", "DEBUG"]) == status
+        assert root.handlers == handlers
+        assert root.level == level
 
 
 def test_an_unreachable_store_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
