@@ -12,12 +12,15 @@ alternate between them on the same server, each in a child process whose
 each tree's ratio to the first: compare those, not figures from separate
 runs (the machine is shared).  ``--commands`` prints, per phase, the server
 microseconds and calls per task of every command (the scripts' own commands
-included: Redis 7 counts them).
+included: Redis 7 counts them).  ``--scripts`` prints, for the drain, each
+script's calls and microseconds per task and its median call, from SLOWLOG
+(every command logged while the drain runs; the logging costs a little).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import socket
@@ -79,7 +82,29 @@ def delta(before: Sample, after: Sample) -> dict[str, Any]:
     return {"cpu": after[0] - before[0], "commands": commands}
 
 
-async def one_run(port: int, tasks: int, concurrency: int) -> dict[str, Any]:
+def slowlog(port: int, command: list[str]) -> Any:
+    import redis
+
+    with redis.Redis(port=port) as client:
+        return client.execute_command(*command)
+
+
+def script_times(port: int) -> dict[str, list[int]]:
+    """The drain's script calls from SLOWLOG: script name -> microseconds a call."""
+    from docket_core.lua import SCRIPTS
+
+    names = {hashlib.sha1(source.encode()).hexdigest(): n for n, source in SCRIPTS.items()}
+    times: dict[str, list[int]] = {}
+    for entry in slowlog(port, ["SLOWLOG", "GET", "-1"]):
+        arguments = [a.decode() if isinstance(a, bytes) else str(a) for a in entry[3]]
+        name = arguments[0].lower()
+        if name == "evalsha" and len(arguments) > 1:
+            name = names.get(arguments[1], arguments[1][:8])
+        times.setdefault(name, []).append(int(entry[2]))
+    return times
+
+
+async def one_run(port: int, tasks: int, concurrency: int, scripts: bool) -> dict[str, Any]:
     from docket_core import Docket, Worker
 
     url = f"redis://127.0.0.1:{port}/0"
@@ -105,6 +130,10 @@ async def one_run(port: int, tasks: int, concurrency: int) -> dict[str, Any]:
             scheduling_resolution=timedelta(milliseconds=10),
             schedule_automatic_tasks=False,
         )
+        if scripts:
+            slowlog(port, ["CONFIG", "SET", "slowlog-log-slower-than", "0"])
+            slowlog(port, ["CONFIG", "SET", "slowlog-max-len", "1000000"])
+            slowlog(port, ["SLOWLOG", "RESET"])
         started = time.perf_counter()
         cpu = time.process_time()
         async with worker:
@@ -112,6 +141,10 @@ async def one_run(port: int, tasks: int, concurrency: int) -> dict[str, Any]:
         result["drain_s"] = time.perf_counter() - started
         result["worker_cpu_s"] = time.process_time() - cpu
         third = snapshot(port)
+        if scripts:
+            slowlog(port, ["CONFIG", "SET", "slowlog-log-slower-than", "-1"])
+            result["scripts"] = script_times(port)
+            slowlog(port, ["SLOWLOG", "RESET"])
         done = worker.counters.get("succeeded", 0)
         if done != tasks:
             raise SystemExit(f"only {done} of {tasks} tasks completed")
@@ -120,10 +153,10 @@ async def one_run(port: int, tasks: int, concurrency: int) -> dict[str, Any]:
     return result
 
 
-def child(port: int, tasks: int, concurrency: int) -> None:
+def child(port: int, tasks: int, concurrency: int, scripts: bool) -> None:
     import anyio
 
-    print(json.dumps(anyio.run(one_run, port, tasks, concurrency)))
+    print(json.dumps(anyio.run(one_run, port, tasks, concurrency, scripts)))
 
 
 def run_tree(tree: str, port: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -133,6 +166,7 @@ def run_tree(tree: str, port: int, args: argparse.Namespace) -> dict[str, Any]:
     )
     command = [sys.executable, os.path.abspath(__file__), "--child", str(port)]
     command += ["--tasks", str(args.tasks), "--concurrency", str(args.concurrency)]
+    command += ["--scripts"] if args.scripts else []
     done = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"{tree}: {done.stderr}")
@@ -153,6 +187,20 @@ def show_commands(tree: str, runs: list[dict[str, Any]], tasks: int) -> None:
             print(f"    {name:<22} {calls / tasks:>8.3f} {usec / tasks:>8.2f}")
 
 
+def show_scripts(tree: str, runs: list[dict[str, Any]], tasks: int) -> None:
+    names = sorted({n for run in runs for n in run["scripts"]})
+    rows = []
+    for name in names:
+        each = [run["scripts"].get(name, []) for run in runs]
+        calls = statistics.median(len(times) for times in each)
+        usec = statistics.median(sum(times) for times in each)
+        call = statistics.median(t for times in each for t in times)
+        rows.append((usec, name, calls, call))
+    print(f"  {tree} drain: script, calls/task, us/task, median us/call (SLOWLOG)")
+    for usec, name, calls, call in sorted(rows, reverse=True):
+        print(f"    {name:<22} {calls / tasks:>8.3f} {usec / tasks:>8.2f} {call:>8.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", action="append", help="a folder holding docket_core")
@@ -160,11 +208,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--commands", action="store_true", help="per-command figures too")
+    parser.add_argument("--scripts", action="store_true", help="per-script figures too")
     parser.add_argument("--server", default="redis-server")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.tasks, args.concurrency)
+        child(args.child, args.tasks, args.concurrency, args.scripts)
         return
     trees = args.tree or [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
     runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
@@ -208,6 +257,9 @@ def main() -> None:
     if args.commands:
         for tree in trees:
             show_commands(tree, runs[tree], args.tasks)
+    if args.scripts:
+        for tree in trees:
+            show_scripts(tree, runs[tree], args.tasks)
 
 
 if __name__ == "__main__":
