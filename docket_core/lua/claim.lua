@@ -28,7 +28,7 @@ end
 local ids = {}
 for i = 7, #ARGV, 3 do ids[#ids + 1] = ARGV[i] end
 local held = held_by(worker, ids)
-local verdicts, claimed, acked, gone = {}, {}, {}, {}
+local verdicts, claimed, acked, gone, head = {}, {}, {}, {}, nil
 for i = 7, #ARGV, 3 do
   local id, key, gen = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local verdict
@@ -51,7 +51,8 @@ for i = 7, #ARGV, 3 do
     end
     if verdict == 'claimed' then
       claimed[#claimed + 1] = id
-      mark_running(run, key, worker, now, held[id] == 1)
+      head = head or running_head(worker, now)
+      mark_running(run, key, worker, now, held[id] == 1, head)
     elseif id ~= '' then
       acked[#acked + 1] = id
       gone[id] = true

@@ -225,6 +225,35 @@ local function publish(key, event)
   redis.call('PUBLISH', P .. ':events:' .. key, cjson.encode(event))
 end
 
+-- The hot scripts (claim, finish) publish a state event a task, and cjson's
+-- walk of a table costs more than the PUBLISH: they make the JSON by hand.
+-- state_head(state, at, time) is an event's JSON up to its key: state, the
+-- time field `at` (started_at, completed_at) and `time` written as cjson
+-- writes a number (14 significant digits); nil when `time` is no number, for
+-- publish to encode.  publish_head ends it with the key, or (head nil)
+-- publishes `event` as publish does.
+local STATE_JSON = {}
+local function state_head(state, at, time, more)
+  local number = tonumber(time)
+  if not number or number ~= number or number == math.huge or number == -math.huge then
+    return nil
+  end
+  local quoted = STATE_JSON[state]
+  if not quoted then
+    quoted = cjson.encode(state)
+    STATE_JSON[state] = quoted
+  end
+  return '{"type":"state","state":' .. quoted .. (more or '') .. ',"' .. at .. '":'
+    .. string.format('%.14g', number) .. ',"key":'
+end
+local function publish_head(key, head, event)
+  if head then
+    redis.call('PUBLISH', P .. ':events:' .. key, head .. cjson.encode(key) .. '}')
+  else
+    publish(key, event)
+  end
+end
+
 -- queue a message now: XADD it and remember its entry id on the record.  A
 -- field missing (a hash that was not ours) is left out, never an error after
 -- the caller's first write: the worker that reads the entry sets it aside.
@@ -296,21 +325,25 @@ end
 -- the delivery was handed out once (its key's progress was cleared when it
 -- was queued), and its run may have started with the claim and reported
 -- progress already: the progress is only filled in where missing
-local function mark_running(run, key, worker, now, fresh)
+-- `head` (optional): running_head(worker, now), made once for a batch
+local function running_head(worker, now)
+  return state_head('running', 'started_at', now, ',"worker":' .. cjson.encode(worker))
+end
+local function mark_running(run, key, worker, now, fresh, head)
   redis.call('HSET', run, 'state', 'running', 'worker', worker, 'started', now)
   redis.call('HDEL', run, 'sid')
   local progress = prog_key(key)
   -- 100: DEFAULT_PROGRESS_TOTAL (docket_core/sansio/values.py)
-  if fresh then
+  if fresh and redis.call('EXISTS', progress) == 1 then
     local have = redis.call('HMGET', progress, 'current', 'total')
     if not have[1] then redis.call('HSET', progress, 'current', 0) end
     if not have[2] then redis.call('HSET', progress, 'total', 100) end
   else
-    redis.call('DEL', progress)
+    if not fresh then redis.call('DEL', progress) end
     redis.call('HSET', progress, 'current', 0, 'total', 100)
   end
-  publish(key, {type = 'state', state = 'running', worker = worker,
-                started_at = tonumber(now)})
+  publish_head(key, head or running_head(worker, now),
+               {type = 'state', state = 'running', worker = worker, started_at = tonumber(now)})
 end
 
 -- remove the key's scheduled or queued (not yet delivered) message
@@ -356,11 +389,12 @@ end
 -- an ended record: its progress goes, and the scoped slot its run held
 -- (ConfirmSlot's 'slot' and 'pin'); the record lives ttl seconds more.
 -- `forget` (optional): one more field of the record to remove with those
-local function conclude(key, ttl, forget)
+-- `bare`: the caller knows the record has none of those fields
+local function conclude(key, ttl, forget, bare)
   local run = run_key(key)
   redis.call('DEL', prog_key(key))
   if tonumber(ttl) > 0 then
-    redis.call('HDEL', run, 'slot', 'pin', forget or 'slot')
+    if not bare then redis.call('HDEL', run, 'slot', 'pin', forget or 'slot') end
     redis.call('PEXPIRE', run, math.floor(tonumber(ttl) * 1000))
   else
     redis.call('DEL', run)

@@ -211,6 +211,15 @@ async def test_subscribe_yields_state_and_progress_events(docket: Docket, worker
     assert states[0] in {"queued", "running"}
     assert states[-2:] == ["running", "completed"]
     assert all(e["key"] == execution.key for e in events)
+    # the running and completed events carry the worker and the times the
+    # record keeps (an event writes a time to 14 significant digits)
+    by_state = {e["state"]: e for e in events if e["type"] == "state"}
+    stored = await docket.get_execution(execution.key)
+    assert stored is not None and stored.started_at and stored.completed_at
+    assert by_state["running"]["worker"] == worker.name
+    assert abs(by_state["running"]["started_at"] - stored.started_at.timestamp()) < 1e-3
+    assert abs(by_state["completed"]["completed_at"] - stored.completed_at.timestamp()) < 1e-3
+    assert "error" not in by_state["completed"]
 
     progress = [e for e in events if e["type"] == "progress"]
     # the first progress event is the snapshot taken on subscribing
