@@ -246,6 +246,7 @@ class StorageAdapter(Protocol):
         redelivery_timeout: float,
         block: float,
         recover: bool = False,
+        stale_scan_every: float = 0.0,
     ) -> ReadResult:
         """Hand ``worker`` up to ``count`` deliveries.
 
@@ -253,7 +254,9 @@ class StorageAdapter(Protocol):
         ``recover``, hand back the deliveries ``worker`` already holds (a read
         whose reply was lost leaves them there; the caller skips the ones it
         knows); take over deliveries whose holder has not renewed them for
-        ``redelivery_timeout`` seconds (``redelivered=True``); then hand out
+        ``redelivery_timeout`` seconds (``redelivered=True``), looking for
+        them only where no read of the docket's went through them within
+        ``stale_scan_every`` seconds (0: every read looks); then hand out
         queued messages.  When there is nothing, wait up to ``block`` seconds,
         and never past the soonest due time, for something to be queued or
         scheduled, then return what there is (possibly nothing: the caller loops).

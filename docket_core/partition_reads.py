@@ -65,6 +65,7 @@ class FairReader:
         redelivery_timeout: float,
         block: float,
         recover: bool = False,
+        stale_scan_every: float = 0.0,
     ) -> ReadResult:
         state = self._workers.get(worker)
         if state is None:
@@ -78,6 +79,7 @@ class FairReader:
             "worker": worker,
             "now": now,
             "redelivery_timeout": redelivery_timeout,
+            "stale_scan_every": stale_scan_every,
         }
         step = reads.first(count, recover)
         while step:

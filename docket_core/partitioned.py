@@ -240,6 +240,7 @@ class PartitionedStore(HeldCalls):
         redelivery_timeout: float,
         block: float,
         recover: bool = False,
+        stale_scan_every: float = 0.0,
     ) -> ReadResult:
         assert self._reader is not None, "the store is not open"
         return await self._reader.read(
@@ -249,6 +250,7 @@ class PartitionedStore(HeldCalls):
             redelivery_timeout=redelivery_timeout,
             block=block,
             recover=recover,
+            stale_scan_every=stale_scan_every,
         )
 
     def _of(self, key: str) -> StorageAdapter:

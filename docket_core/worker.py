@@ -434,6 +434,7 @@ class Worker(BatchSending):
                     redelivery_timeout=read.redelivery_timeout,
                     block=read.block,
                     recover=read.recover,
+                    stale_scan_every=read.stale_scan_every,
                 )
                 self._health.read_succeeded()
                 held = machine.in_flight

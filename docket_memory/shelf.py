@@ -232,6 +232,8 @@ class Shelf:
     future: dict[str, TaskMessage] = attrs.field(factory=dict)
     due_heap: list[tuple[float, str, int, int]] = attrs.field(factory=list)
     held: dict[str, Held] = attrs.field(factory=dict)
+    #: when a read last went through ``held`` for stale leases (``take``)
+    scanned_at: float = -math.inf
     #: key -> the pool and limit it waits behind
     parked: dict[str, tuple[Pool, str]] = attrs.field(factory=dict)
     #: key -> (scope, limit key) of a key parked by the scoped chain: its
@@ -428,9 +430,12 @@ class Shelf:
         redelivery_timeout: float,
         *,
         recover: bool = False,
+        scan_every: float = 0.0,
     ) -> list[Delivery]:
         """Promote due messages, (with ``recover``) hand back what ``worker``
-        holds, take over stale leases, hand out queued ones."""
+        holds, take over stale leases (when no read went through them within
+        ``scan_every`` seconds, as the servers' read script does), hand out
+        queued ones."""
         self.promote(now)
         deliveries: list[Delivery] = []
         if recover:
@@ -444,11 +449,12 @@ class Shelf:
         for pool in self.pools.values():
             if pool.watch_heap:
                 pool.drop_stale_slots(now, redelivery_timeout)
-        if self.held:
+        since = now - self.scanned_at
+        if self.held and not 0 <= since < scan_every:
             cutoff = now - redelivery_timeout
             for delivery_id, held in self.held.items():
                 if len(deliveries) >= count:
-                    break
+                    break  # (not through: the next read looks again)
                 if held.renewed_at <= cutoff:
                     held.worker = worker
                     held.renewed_at = now
@@ -456,6 +462,8 @@ class Shelf:
                     deliveries.append(
                         Delivery(delivery_id=delivery_id, message=held.message, redelivered=True)
                     )
+            else:
+                self.scanned_at = now
         ready = self.ready
         while ready and len(deliveries) < count:
             delivery_id, message = ready.popitem(last=False)

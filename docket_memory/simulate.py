@@ -481,6 +481,7 @@ class Simulation(InvariantChecks):
                 redelivery_timeout=read.redelivery_timeout,
                 block=0,
                 recover=read.recover,
+                stale_scan_every=read.stale_scan_every,
             )
         )
         self.note_evictions(holders)  # (a read drops stale slots)

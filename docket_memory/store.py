@@ -351,7 +351,8 @@ class MemoryStore(HeldCalls):
                 shelf.held.pop(entry, None)
             else:
                 assert record is not None
-                held.renewed_at = effect.now
+                if effect.renew:
+                    held.renewed_at = effect.now
                 shelf.records[item.key] = attrs.evolve(
                     record,
                     state=ExecutionState.RUNNING,
@@ -486,9 +487,12 @@ class MemoryStore(HeldCalls):
         redelivery_timeout: float,
         block: float,
         recover: bool = False,
+        stale_scan_every: float = 0.0,
     ) -> ReadResult:
         shelf = self.shelf
-        deliveries = shelf.take(worker, count, now, redelivery_timeout, recover=recover)
+        deliveries = shelf.take(
+            worker, count, now, redelivery_timeout, recover=recover, scan_every=stale_scan_every
+        )
         next_due = shelf.next_due()
         if not deliveries and block > 0:
             # never wait past the soonest due time

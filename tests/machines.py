@@ -8,10 +8,12 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from docket_core.sansio.effects import (
+    CancelTask,
     Claim,
     Effect,
     Finish,
     Schedule,
+    StopReason,
     StoreEffect,
 )
 from docket_core.sansio.inputs import (
@@ -21,9 +23,11 @@ from docket_core.sansio.inputs import (
     Delivered,
     Finished,
     Outcome,
+    ReplyLost,
     Scheduled,
     TaskEnded,
     TaskOutcome,
+    Tick,
 )
 from docket_core.sansio.local_slots import TAKE_ACQUIRED, SlotStep, SlotStepped
 from docket_core.sansio.values import (
@@ -153,3 +157,22 @@ def start_limited(machine: WorkerMachine, a: Arrival, now: float = 0.0) -> list[
     step with a slot; returns the effects after (its ``StartTask``)."""
     (step,) = deliver(machine, a, now=now)
     return reply(machine, step, stepped(step), now)
+
+
+def fenced_with_no_answer(machine: WorkerMachine, since: float, until: float) -> float:
+    """Tick ``machine`` at its deadlines from ``since``, every batch lost,
+    until it stops a run for its lease; when it did."""
+    now = since
+    while now < until:
+        deadline = machine.next_deadline()
+        assert deadline is not None
+        now = max(deadline, now)
+        machine.receive(Tick(now=now))
+        effects = machine.effects()
+        batch = tuple(e for e in effects if isinstance(e, StoreEffect))
+        if batch:  # the store never answers
+            machine.receive(ReplyLost(effects=batch, now=now, reason="gone"))
+            effects += machine.effects()
+        if any(stop.reason is StopReason.LEASE_LOST for stop in of_type(effects, CancelTask)):
+            return now
+    raise AssertionError(f"no run was fenced by {until}")

@@ -25,6 +25,9 @@ sub-namespaces, so no task key can collide with an internal key):
                                 (their messages wait in ``P:due`` at their
                                 retry time, and count as scheduled there)
 ``P:generation``        string  the docket's generation counter
+``P:scan``              hash    the reads' scan for stale deliveries: ``at``
+                                (when the last one began) and ``cursor``
+                                (where it stopped; ``0-0``: it went through)
 ``P:workers``           zset    worker -> last heartbeat
 ``P:worker-tasks:<w>``  string  JSON list of a worker's task names (expires)
 ``P:strikes``           stream  strike and restore instructions, in order

@@ -126,8 +126,6 @@ class ScriptedStore(HeldCalls, abc.ABC):
         self._strikes = StrikeList()
         self._strikes_seen = "0-0"
         self._strikes_checked = 0.0
-        #: worker -> where its last scan for stale deliveries stopped
-        self._autoclaim_cursor: dict[str, str] = {}
 
     # -- client primitives (the adapters implement these) -------------------------
 
@@ -306,6 +304,7 @@ class ScriptedStore(HeldCalls, abc.ABC):
         redelivery_timeout: float,
         block: float,
         recover: bool = False,
+        stale_scan_every: float = 0.0,
     ) -> ReadResult:
         call = self.layout.call(
             "read",
@@ -315,14 +314,12 @@ class ScriptedStore(HeldCalls, abc.ABC):
             str(int(redelivery_timeout * 1000)),
             PROMOTE_LIMIT,
             "1" if recover else "0",
-            self._autoclaim_cursor.get(worker, "0-0"),
+            str(int(stale_scan_every * 1000)),
             "1" if self._repair_wake_group else "0",
         )
         started = time.monotonic()
         (reply,) = await self.run_calls([call])
         result = parse_read(reply)
-        if len(reply) > 2:
-            self._autoclaim_cursor[worker] = text(reply[2])
         if len(reply) > 3 and int(reply[3]) == 1 and self._read_before:
             # not the first read of a new docket: what this process read from
             # before had vanished (a FLUSHALL, a restart without persistence)

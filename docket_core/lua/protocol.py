@@ -352,6 +352,7 @@ def call_for(layout: Layout, effect: StoreEffect) -> ScriptCall:
             request_seq(effect).decode(),
             effect.worker,
             number(effect.now),
+            "1" if effect.renew else "0",
             *items,
         )
     if kind is RenewLeases:

@@ -1,11 +1,13 @@
 -- Read: ARGV = prefix, group, worker, count, now, redelivery_ms, promote_limit,
 -- recover ('1': first hand back up to 1000 entries this worker already holds),
--- cursor (where the last scan for stale deliveries stopped; '0-0' to start),
--- repair ('1': a blocked read found the wake stream without its group).
--- Queues due messages, takes over deliveries idle for redelivery_ms, then
--- reads new ones.  Returns {deliveries, next_due, cursor, created} where each
--- delivery is {id, fields, redelivered}, and created is 1 when this read made
--- the consumer group (and the stream, if it was missing too).  Wake-up
+-- scan_every_ms (how often the docket's deliveries are scanned for stale
+-- ones, by whichever worker reads; '0': every read), repair ('1': a blocked
+-- read found the wake stream without its group).
+-- Queues due messages, takes over deliveries idle for redelivery_ms (when a
+-- scan is due), then reads new ones.  Returns {deliveries, next_due, cursor,
+-- created} where each delivery is {id, fields, redelivered}, cursor is where
+-- the scan stopped ('0-0': it went through), and created is 1 when this read
+-- made the consumer group (and the stream, if it was missing too).  Wake-up
 -- entries live in their own stream (P:wake); one met in the queue (written
 -- by an older docket) is acknowledged and skipped.
 local worker, count, now = ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -69,26 +71,49 @@ if ARGV[8] == '1' then
   if ok and own then take(own[1][2], 1) end
 end
 if ARGV[10] == '1' then wake_group(true) end
--- XAUTOCLAIM scans at most 10 x COUNT pending entries: resume where the last
--- read stopped, so stale deliveries behind many live ones are reached too
-local created = 0
-local ok, claimed = pcall(redis.call, 'XAUTOCLAIM', Q, GROUP, worker, idle,
-                          ARGV[9] or '0-0', 'COUNT', count)
-if not ok then
-  if string.find(tostring(claimed), 'NOGROUP') then
-    redis.call('XGROUP', 'CREATE', Q, GROUP, '0', 'MKSTREAM')
-    wake_group(true)
-    claimed = {'0-0', {}}
-    created = 1
+-- The scan for stale deliveries: XAUTOCLAIM looks at most 10 x COUNT pending
+-- entries, so a scan resumes where the last one stopped (P:scan 'cursor'),
+-- and stale deliveries behind many live ones are reached too.  A scan that
+-- went through ('0-0') starts again only scan_every_ms after it began (P:scan
+-- 'at'; also when that time is ahead of this reader's clock): a stale
+-- delivery waits that much longer at most, and a busy docket's reads skip it
+local created, scan = 0, true
+local every = tonumber(ARGV[9]) or 0
+local last = redis.call('HMGET', P .. ':scan', 'at', 'cursor')
+local cursor = last[2] or '0-0'
+if every > 0 and cursor == '0-0' then
+  local since = (tonumber(now) - (tonumber(last[1]) or -math.huge)) * 1000
+  scan = not (since >= 0 and since < every)
+end
+local function no_group(reply)
+  if not string.find(tostring(reply), 'NOGROUP') then return false end
+  redis.call('XGROUP', 'CREATE', Q, GROUP, '0', 'MKSTREAM')
+  wake_group(true)
+  created = 1
+  return true
+end
+if scan then
+  local began = cursor == '0-0' and now or (last[1] or now)
+  local ok, claimed = pcall(redis.call, 'XAUTOCLAIM', Q, GROUP, worker, idle, cursor,
+                            'COUNT', count)
+  if ok then
+    take(claimed[2], 1)
+    cursor = claimed[1]
+  elseif no_group(claimed) then
+    cursor = '0-0'
   else
     return redis.error_reply(tostring(claimed))
   end
+  redis.call('HSET', P .. ':scan', 'at', began, 'cursor', cursor)
 end
-take(claimed[2], 1)
 if #out < count then
-  local fresh = redis.call('XREADGROUP', 'GROUP', GROUP, worker, 'COUNT',
-                           count - #out, 'STREAMS', Q, '>')
+  local ok, fresh = pcall(redis.call, 'XREADGROUP', 'GROUP', GROUP, worker, 'COUNT',
+                          count - #out, 'STREAMS', Q, '>')
+  if not ok then
+    if not no_group(fresh) then return redis.error_reply(tostring(fresh)) end
+    fresh = false
+  end
   if fresh then take(fresh[1][2], 0) end
 end
 local head = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')
-return {out, head[2] or '', claimed[1], created}
+return {out, head[2] or '', cursor, created}

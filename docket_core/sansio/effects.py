@@ -191,11 +191,15 @@ class Claim(StoreEffect):
     it is never handed out again (superseded or cancelled).  A running
     record a cancel marked (its worker died before the run's end was
     recorded) does not run again: it concludes ``cancelled`` under a new
-    generation, kept for the cancel's ttl (verdict cancelled)."""
+    generation, kept for the cancel's ttl (verdict cancelled).  Without
+    ``renew``, a claimed delivery's lease is left as it is: the read that
+    handed the deliveries out was recent, and the machine counts their
+    leases from it (``read_steps``)."""
 
     worker: str
     items: tuple[ClaimItem, ...]
     now: float
+    renew: bool = True
     #: identity for resends (see the module docstring)
     request: Request | None = attrs.field(default=None, eq=False)
 
@@ -502,6 +506,9 @@ class Read(Effect):
     redelivery_timeout: float
     recover: bool = False
     then_pending: bool = False
+    #: look for deliveries to take over only where no read of the docket's
+    #: went through them within this many seconds (0: every read looks)
+    stale_scan_every: float = 0.0
 
 
 # -- runtime effects ---------------------------------------------------------

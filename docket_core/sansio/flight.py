@@ -88,6 +88,14 @@ class WorkerConfig:
         return self.redelivery_timeout - self.renew_interval
 
     @property
+    def stale_scan_every(self) -> float:
+        """How often a docket's reads look for deliveries whose worker died
+        (``Read.stale_scan_every``): a tenth of the redelivery timeout, at
+        most a second, so a busy docket's reads mostly skip the look and a
+        takeover comes at most that much later."""
+        return min(self.redelivery_timeout / 10, 1.0)
+
+    @property
     def resend_window(self) -> float:
         """How long a failed batch is sent again before it is given up: past
         one redelivery timeout its leases have lapsed anyway."""

@@ -58,6 +58,7 @@ class _Machine(Protocol):
     _recover: bool
     _read_at: float | None
     _read_asked_at: float
+    _read_recovered: bool
     _next_due: float | None
     _fence_at: float
     _backlog: dict[str, Arrival]
@@ -77,7 +78,9 @@ class _Machine(Protocol):
 
     def _send_takes(self, takes: list[SlotTake], now: float) -> None: ...
 
-    def _delivered(self, arrivals: Sequence[Arrival], now: float, early: bool = False) -> None: ...
+    def _delivered(
+        self, arrivals: Sequence[Arrival], now: float, early: bool = False, fresh: bool = False
+    ) -> None: ...
 
     def _room(self) -> int: ...
 
@@ -87,6 +90,7 @@ class _Machine(Protocol):
         now: float,
         early: bool = False,
         idle: bool = False,
+        renew: bool = True,
     ) -> None: ...
 
     def _reject(self, flight: InFlight, arrival: Arrival, now: float) -> None: ...
@@ -116,6 +120,7 @@ class ReadSteps:
             block = min(block, max(self._next_due - now, 0.0))
         self._reading = True
         self._read_asked_at = now
+        self._read_recovered = self._recover
         self._effects.append(
             Read(
                 worker=self.config.name,
@@ -125,6 +130,7 @@ class ReadSteps:
                 redelivery_timeout=self.config.redelivery_timeout,
                 recover=self._recover,
                 then_pending=self.config.until_finished and not self.in_flight,
+                stale_scan_every=self.config.stale_scan_every,
             )
         )
         self._recover = False
@@ -153,20 +159,33 @@ class ReadSteps:
                 and self.outbox.resend_at is None
                 and event.now - self._read_asked_at <= self.config.fence_after
             )
-            self._delivered(event.arrivals, event.now, early)
+            # a recent read's leases need no renewal with their claim: they
+            # count from the read (its deliveries were handed out after it),
+            # and a periodic renewal comes well before they are fenced
+            fresh = (
+                not self._read_recovered
+                and event.now - self._read_asked_at <= self.config.renew_interval / 2
+            )
+            self._delivered(event.arrivals, event.now, early, fresh)
         elif event.pending == 0 and not self.in_flight and self.config.until_finished:
             self.finished = True
             self.accepting = False
         self._maybe_goodbye(event.now)
 
     def _delivered(
-        self: _Machine, arrivals: Sequence[Arrival], now: float, early: bool = False
+        self: _Machine,
+        arrivals: Sequence[Arrival],
+        now: float,
+        early: bool = False,
+        fresh: bool = False,
     ) -> None:
         """Claim the deliveries; with ``early`` (``_read_done``), start the
         fresh ones that need no admission, slot or deadline at once too
-        (``lifecycle``: ``START_EARLY``)."""
-        # (the new leases count from now: fenced no sooner than this)
-        self._fence_at = min(self._fence_at, now + self.config.fence_after)
+        (``lifecycle``: ``START_EARLY``).  With ``fresh``, their leases
+        count from the read that brought them, and the claim leaves them so."""
+        # (the new leases count from now, or from the read: fenced no sooner)
+        leased = self._read_asked_at if fresh else now
+        self._fence_at = min(self._fence_at, leased + self.config.fence_after)
         idle = not self.in_flight
         room = self._room()
         going: list[tuple[InFlight, Arrival]] = []
@@ -179,7 +198,7 @@ class ReadSteps:
                 message=delivery.message,
                 policy=arrival.policy,
                 problem=arrival.problem,
-                renewed_at=now,
+                renewed_at=leased,
             )
             self.in_flight[delivery.delivery_id] = flight
             self.counters[_REDELIVERED if delivery.redelivered else _DELIVERED] += 1
@@ -190,7 +209,7 @@ class ReadSteps:
                 going.append((flight, arrival))
             else:
                 self._backlog[delivery.delivery_id] = arrival  # (see the module)
-        self._dispatch(going, now, early, idle)
+        self._dispatch(going, now, early, idle, renew=not fresh)
 
     def _room(self: _Machine) -> int:
         """How many more deliveries may go on towards a run now:
@@ -231,10 +250,11 @@ class ReadSteps:
         now: float,
         early: bool = False,
         idle: bool = False,
+        renew: bool = True,
     ) -> None:
         """Send the deliveries on (``ARRIVED``, with room): a slot step, or
-        one ``Claim`` for them all, the fresh ones started with it when
-        ``early`` (``_delivered``)."""
+        one ``Claim`` for them all (renewing their leases unless told not
+        to), the fresh ones started with it when ``early`` (``_delivered``)."""
         claims: list[ClaimItem] = []
         claiming: list[InFlight] = []
         starts: list[InFlight] = []
@@ -272,7 +292,13 @@ class ReadSteps:
             request = self.outbox.request()
             for flight in claiming:
                 flight.claim_seq = request.seq
-            claim = Claim(worker=self.config.name, items=tuple(claims), now=now, request=request)
+            claim = Claim(
+                worker=self.config.name,
+                items=tuple(claims),
+                now=now,
+                renew=renew,
+                request=request,
+            )
             if starts:
                 # runs that start with their claim: it leads the batch, so a
                 # store that sends the first round of a batch at once (a

@@ -164,6 +164,9 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         #: the ``now`` of the last ``Read`` asked for: its deliveries were
         #: handed out after it
         self._read_asked_at = now
+        #: whether that read recovered deliveries a lost reply handed out
+        #: (their leases are as old as that read: the claim renews them)
+        self._read_recovered = False
         #: the ``now`` of the last input or reply: whether to read is decided
         #: when the effects are drained (``effects``), so the runs that end
         #: in one pass of the runtime free their room for one read

@@ -9,6 +9,7 @@ import time
 import uuid
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -548,9 +549,12 @@ def test_a_claim_lists_its_items_after_its_request() -> None:
         "7",
         "w1",
         "10.0",
+        "1",
         *("1-0", "a", "1"),
         *("2-0", "b", "4"),
     )
+    quiet = call_for(LAYOUT, attrs.evolve(CLAIM, renew=False))
+    assert quiet.args[2:7] == (*call.args[2:6], "0") and quiet.args[7:] == call.args[7:]
 
 
 def test_a_heartbeat_sends_its_tasks_as_json() -> None:

@@ -13,35 +13,17 @@ from machines import (
     arrival,
     claim_all,
     deliver,
+    fenced_with_no_answer,
     of_type,
     reply,
     start_limited,
     stepped,
 )
 
-from docket_core.sansio.effects import CancelTask, RenewLeases, StartTask, StopReason, StoreEffect
-from docket_core.sansio.inputs import LeasesRenewed, ReplyLost, Tick
+from docket_core.sansio.effects import RenewLeases, StartTask
+from docket_core.sansio.inputs import LeasesRenewed, Tick
 from docket_core.sansio.values import TaskPolicy
 from docket_core.sansio.worker import WorkerConfig, WorkerMachine
-
-
-def fenced_with_no_answer(machine: WorkerMachine, since: float, until: float) -> float:
-    """Tick ``machine`` at its deadlines from ``since``, every batch lost,
-    until it stops a run for its lease; when it did."""
-    now = since
-    while now < until:
-        deadline = machine.next_deadline()
-        assert deadline is not None
-        now = max(deadline, now)
-        machine.receive(Tick(now=now))
-        effects = machine.effects()
-        batch = tuple(e for e in effects if isinstance(e, StoreEffect))
-        if batch:  # the store never answers
-            machine.receive(ReplyLost(effects=batch, now=now, reason="gone"))
-            effects += machine.effects()
-        if any(stop.reason is StopReason.LEASE_LOST for stop in of_type(effects, CancelTask)):
-            return now
-    raise AssertionError(f"no run was fenced by {until}")
 
 
 @pytest.mark.parametrize("taken_at", [0.0, 0.3, 0.6, 1.0, 1.2, 2.9])

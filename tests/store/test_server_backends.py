@@ -56,7 +56,7 @@ GLIDE_TRIO_BACKENDS = ["glide_valkey-trio", "glide_redis-trio"]
 FAST = timedelta(milliseconds=5)
 
 #: the keys the layout keeps without a TTL (docket_core/lua/__init__.py)
-PERMANENT = ("q", "wake", "due", "stale", "workers", "strikes", "generation")
+PERMANENT = ("q", "wake", "due", "stale", "workers", "strikes", "generation", "scan")
 
 
 # -- private servers ---------------------------------------------------------------------------
