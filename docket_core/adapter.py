@@ -111,6 +111,9 @@ class ReadResult:
     deliveries: tuple[Delivery, ...]
     next_due: float | None
     malformed: tuple[MalformedEntry, ...] = ()
+    #: the store handed every delivery out during this call (none recovered,
+    #: none kept from an earlier call's reads): their leases are no older
+    fresh: bool = True
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -96,7 +96,10 @@ class FairReader:
                 state.raise_failure()
         handout = reads.hand_out(count)
         return ReadResult(
-            deliveries=handout.deliveries, next_due=handout.next_due, malformed=handout.malformed
+            deliveries=handout.deliveries,
+            next_due=handout.next_due,
+            malformed=handout.malformed,
+            fresh=handout.fresh,
         )
 
     async def _read_part(self, read: PartRead, block: float, options: dict[str, Any]) -> ReadResult:

@@ -459,6 +459,7 @@ class Worker(BatchSending):
                     now=time.time(),
                     pending=pending,
                     malformed=malformed,
+                    fresh=result.fresh,
                 )
                 machine.receive(done)
             except StoreError as error:

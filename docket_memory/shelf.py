@@ -232,8 +232,10 @@ class Shelf:
     future: dict[str, TaskMessage] = attrs.field(factory=dict)
     due_heap: list[tuple[float, str, int, int]] = attrs.field(factory=list)
     held: dict[str, Held] = attrs.field(factory=dict)
-    #: when a read last went through ``held`` for stale leases (``take``)
+    #: when the last read that went through ``held`` for stale leases began
+    #: that look, and when the look under way (cut short) began (``take``)
     scanned_at: float = -math.inf
+    scan_began: float | None = None
     #: key -> the pool and limit it waits behind
     parked: dict[str, tuple[Pool, str]] = attrs.field(factory=dict)
     #: key -> (scope, limit key) of a key parked by the scoped chain: its
@@ -450,11 +452,15 @@ class Shelf:
             if pool.watch_heap:
                 pool.drop_stale_slots(now, redelivery_timeout)
         since = now - self.scanned_at
-        if self.held and not 0 <= since < scan_every:
+        if self.scan_began is not None or not 0 <= since < scan_every:
+            # (a scan counts from when it began; one cut short by ``count``
+            # goes on with the next read, as the servers' cursor does)
+            began = now if self.scan_began is None else self.scan_began
+            self.scan_began = began
             cutoff = now - redelivery_timeout
             for delivery_id, held in self.held.items():
                 if len(deliveries) >= count:
-                    break  # (not through: the next read looks again)
+                    break
                 if held.renewed_at <= cutoff:
                     held.worker = worker
                     held.renewed_at = now
@@ -463,7 +469,7 @@ class Shelf:
                         Delivery(delivery_id=delivery_id, message=held.message, redelivered=True)
                     )
             else:
-                self.scanned_at = now
+                self.scanned_at, self.scan_began = began, None
         ready = self.ready
         while ready and len(deliveries) < count:
             delivery_id, message = ready.popitem(last=False)

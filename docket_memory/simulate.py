@@ -495,9 +495,9 @@ class Simulation(InvariantChecks):
         if self.faults and deliveries and self.rng.random() < 0.1:
             worker.delayed.extend(deliveries)  # handed over at a later step
             return
-        self.deliver(worker, deliveries)
+        self.deliver(worker, deliveries, result.fresh)
 
-    def deliver(self, worker: SimWorker, deliveries: list[Delivery]) -> None:
+    def deliver(self, worker: SimWorker, deliveries: list[Delivery], fresh: bool = True) -> None:
         held = worker.machine.in_flight
         arrivals = tuple(
             Arrival(delivery=d, policy=self.policy_for(d.message.key))
@@ -506,7 +506,7 @@ class Simulation(InvariantChecks):
         )
         next_due = self.shelves[worker.docket].next_due()
         worker.machine.receive(
-            ReadDone(arrivals=arrivals, next_due=next_due, now=self.clock(worker))
+            ReadDone(arrivals=arrivals, next_due=next_due, now=self.clock(worker), fresh=fresh)
         )
         self.pump(worker)
 

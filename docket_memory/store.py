@@ -499,7 +499,7 @@ class MemoryStore(HeldCalls):
             wait = block if next_due is None else min(block, max(next_due - now, 0.0))
             with anyio.move_on_after(wait):
                 await shelf.changed()
-        return ReadResult(deliveries=tuple(deliveries), next_due=next_due)
+        return ReadResult(deliveries=tuple(deliveries), next_due=next_due, fresh=not recover)
 
     async def pending(self) -> int:
         shelf = self.shelf

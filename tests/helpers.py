@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import types
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
+import pytest
 import redis
 from servers import Servers
 
-from docket_core import Docket, Execution, ExecutionState, Worker
-from docket_core.sansio.effects import AcquireSlot, Claim, ClaimItem
-from docket_core.sansio.inputs import Claimed, ClaimVerdict
+from docket_core import Docket, Execution, Worker
+from docket_core.sansio.admission import Admit, Admitted, Verdict
+from docket_core.sansio.effects import AcquireSlot, Claim, ClaimItem, StoreEffect
+from docket_core.sansio.inputs import Claimed, ClaimVerdict, Outcome
 from docket_core.sansio.partitions import partition_of
 from docket_core.sansio.values import Delivery
 
@@ -65,18 +67,35 @@ async def loaded(docket: Docket, key: str) -> Execution:
     return execution
 
 
-async def admitted_at(docket: Docket, keys: list[str]) -> list[float]:
-    """When the store admitted each run of ``keys`` that ran, as epoch seconds:
-    the ``started_at`` its claim recorded, the ``now`` the admission controls
-    (rate limits, cooldowns) judged it by.  A task body's own clock can start
-    much later under load; these are the times the controls promise about."""
-    times = []
-    for each in keys:
-        execution = await loaded(docket, each)
-        if execution.state is ExecutionState.COMPLETED:
-            assert execution.started_at is not None, each
-            times.append(execution.started_at.timestamp())
-    return times
+def admissions(monkeypatch: pytest.MonkeyPatch, *dockets: Docket) -> list[tuple[str, float]]:
+    """``(key, now)`` of every start the dockets' stores admitted from here on
+    (an ``Admit`` in the docket's own namespace answered ``ADMIT``, not a
+    repeat), in the order the answers came: the times rate limits and
+    cooldowns promise about.  A task body's own clock, or the claim's, can
+    be well before or after its admission under load."""
+    seen: list[tuple[str, float]] = []
+    for docket in dockets:
+        adapter = docket.adapter
+        for name in ("execute", "execute_in_order"):
+            original = getattr(adapter, name)
+
+            async def watched(
+                effects: Sequence[StoreEffect], _original: Any = original
+            ) -> list[Outcome]:
+                outcomes: list[Outcome] = await _original(effects)
+                for effect, outcome in zip(effects, outcomes, strict=True):
+                    if (
+                        isinstance(effect, Admit)
+                        and effect.settles
+                        and isinstance(outcome, Admitted)
+                        and outcome.verdict is Verdict.ADMIT
+                        and not outcome.repeat
+                    ):
+                        seen.append((effect.message.key, effect.now))
+                return outcomes
+
+            monkeypatch.setattr(adapter, name, watched)
+    return seen
 
 
 async def claim_as(docket: Docket, worker: str, count: int, now: float) -> list[Delivery]:

@@ -94,7 +94,7 @@ A parked record carries ``parked`` (the limit) and ``pin`` (its ``S``); a
 running one that holds a scoped slot carries ``slot`` and ``pin``.  Permanent
 keys (no TTL while the docket is in use): ``P:q``, ``P:wake``, ``P:due``,
 ``P:dead``, ``P:parked``, ``P:stale``, ``P:workers``, ``P:strikes``,
-``P:generation``, ``P:partitions``, ``P:epoch``, a sealed ``P:closed`` (an
+``P:generation``, ``P:scan``, ``P:partitions``, ``P:epoch``, a sealed ``P:closed`` (an
 older docket's ``P:pools`` is no longer read).
 ``P:did:<origin>`` expires ``remember`` after its worker's last remembered
 call, and holds only the outcomes whose replies the worker may not have had.

@@ -320,6 +320,8 @@ class ScriptedStore(HeldCalls, abc.ABC):
         started = time.monotonic()
         (reply,) = await self.run_calls([call])
         result = parse_read(reply)
+        if recover:  # (what this worker held already: leases as old as that read)
+            result = attrs.evolve(result, fresh=False)
         if len(reply) > 3 and int(reply[3]) == 1 and self._read_before:
             # not the first read of a new docket: what this process read from
             # before had vanished (a FLUSHALL, a restart without persistence)

@@ -79,8 +79,14 @@ if ARGV[10] == '1' then wake_group(true) end
 -- delivery waits that much longer at most, and a busy docket's reads skip it
 local created, scan = 0, true
 local every = tonumber(ARGV[9]) or 0
-local last = redis.call('HMGET', P .. ':scan', 'at', 'cursor')
-local cursor = last[2] or '0-0'
+local ok_scan, last = pcall(redis.call, 'HMGET', P .. ':scan', 'at', 'cursor')
+if not ok_scan then
+  -- not a hash (not ours): made again by this scan
+  redis.call('DEL', P .. ':scan')
+  last = {}
+end
+local cursor = last[2]
+if not (cursor and string.find(cursor, '^%d+%-%d+$')) then cursor = '0-0' end
 if every > 0 and cursor == '0-0' then
   local since = (tonumber(now) - (tonumber(last[1]) or -math.huge)) * 1000
   scan = not (since >= 0 and since < every)

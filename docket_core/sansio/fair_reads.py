@@ -26,7 +26,10 @@ One ``read(count)`` is at most three steps:
 
 Whatever reads brought beyond ``count`` (blocking reads go on after the wait
 ended) is kept, in arrival order, and handed out first by the next reads of
-the same worker (the store's consumer that holds them).  Delivery ids are
+the same worker (the store's consumer that holds them).  A hand-out is
+``fresh`` when each of its deliveries came from a read of the same call that
+recovered nothing: the store handed them out after the call began, so their
+leases are no older than it (``Claim.renew``).  Delivery ids are
 prefixed with their partition (``partitions.delivery_id``).  Each worker's
 order starts at its own partition (``crc32`` of its name), so that workers
 do not all read the same partition in step.
@@ -50,6 +53,8 @@ class PartRead:
     partition: int
     count: int
     recover: bool = False
+    #: the number of the worker's read (``FairReads.first``) that sent it
+    call: int = attrs.field(default=0, eq=False)
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -59,6 +64,8 @@ class Handout:
     deliveries: tuple[Delivery, ...]
     next_due: float | None
     malformed: tuple[MalformedEntry, ...] = ()
+    #: every delivery came from this read's own part-reads, none recovering
+    fresh: bool = True
 
 
 def shares(count: int, order: Sequence[int]) -> list[tuple[int, int]]:
@@ -103,6 +110,11 @@ class FairReads:
         #: what reads brought and no read handed out yet
         self._kept: list[Delivery] = []
         self._kept_malformed: list[MalformedEntry] = []
+        #: for each kept delivery, the read (``call``) that brought it; -1
+        #: for one a recovering read handed back
+        self._kept_from: list[int] = []
+        #: the number of the worker's current read
+        self._call = 0
         #: this read's order of the partitions, those it asked already, and
         #: the one it asked alone
         self._order: list[int] = []
@@ -121,7 +133,7 @@ class FairReads:
     def _reads(self, count: int, order: Sequence[int]) -> tuple[PartRead, ...]:
         self._asked.update(order)
         return tuple(
-            PartRead(partition=p, count=share, recover=p in self.recovering)
+            PartRead(partition=p, count=share, recover=p in self.recovering, call=self._call)
             for p, share in shares(count, order)
         )
 
@@ -129,6 +141,7 @@ class FairReads:
         """Step 1: the reads without blocking to send now, side by side
         (none when something is kept from earlier reads: it goes first)."""
         n = self.partitions
+        self._call += 1
         self._asked, self._alone = set(), None
         if recover:
             self.recovering.update(range(n))
@@ -142,7 +155,7 @@ class FairReads:
             return ()
         head = order[0]
         if self._backlog[head] and not self.recovering.intersection(order):
-            self._alone = PartRead(partition=head, count=count)
+            self._alone = PartRead(partition=head, count=count, call=self._call)
             self._asked.add(head)
             return (self._alone,)
         return self._reads(count, order)
@@ -172,6 +185,7 @@ class FairReads:
         self._backlog[p] = len(deliveries) + len(malformed) >= read.count
         self._due[p] = next_due
         prefix = f"{p}/"
+        self._kept_from += [-1 if read.recover else read.call] * len(deliveries)
         self._kept += [
             Delivery(
                 delivery_id=prefix + d.delivery_id, message=d.message, redelivered=d.redelivered
@@ -197,7 +211,8 @@ class FairReads:
         order = self._idle()
         share = max(count // max(len(order), 1), 1)
         reads = tuple(
-            PartRead(partition=p, count=share, recover=p in self.recovering) for p in order
+            PartRead(partition=p, count=share, recover=p in self.recovering, call=self._call)
+            for p in order
         )
         self.out.update(order)
         return wait, reads
@@ -206,11 +221,13 @@ class FairReads:
         """Up to ``count`` deliveries kept, the oldest first, every malformed
         entry kept, and the soonest due time any partition reported."""
         deliveries, self._kept = self._kept[:count], self._kept[count:]
+        came_from, self._kept_from = self._kept_from[:count], self._kept_from[count:]
         malformed, self._kept_malformed = self._kept_malformed, []
         return Handout(
             deliveries=tuple(deliveries),
             next_due=soonest(self._due.values()),
             malformed=tuple(malformed),
+            fresh=all(call == self._call for call in came_from),
         )
 
 

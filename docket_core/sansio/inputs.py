@@ -175,6 +175,9 @@ class ReadDone(Input):
     pending: int | None = None
     #: entries the read brought that are not messages
     malformed: tuple[MalformedEntry, ...] = ()
+    #: the store handed every delivery out after the ``Read`` was asked for
+    #: (``ReadResult.fresh``): their leases count from then
+    fresh: bool = True
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -61,6 +61,7 @@ class _Machine(Protocol):
     _read_recovered: bool
     _next_due: float | None
     _fence_at: float
+    _leases_confirmed_at: float
     _backlog: dict[str, Arrival]
     _runs: int
     _run_time: float | None
@@ -163,7 +164,8 @@ class ReadSteps:
             # count from the read (its deliveries were handed out after it),
             # and a periodic renewal comes well before they are fenced
             fresh = (
-                not self._read_recovered
+                event.fresh
+                and not self._read_recovered
                 and event.now - self._read_asked_at <= self.config.renew_interval / 2
             )
             self._delivered(event.arrivals, event.now, early, fresh)
@@ -186,6 +188,9 @@ class ReadSteps:
         # (the new leases count from now, or from the read: fenced no sooner)
         leased = self._read_asked_at if fresh else now
         self._fence_at = min(self._fence_at, leased + self.config.fence_after)
+        # (the fence timer is rebuilt from the oldest lease confirmed: none
+        # is younger than these)
+        self._leases_confirmed_at = min(self._leases_confirmed_at, leased)
         idle = not self.in_flight
         room = self._room()
         going: list[tuple[InFlight, Arrival]] = []

@@ -159,6 +159,43 @@ def test_hand_out_keeps_what_is_beyond_count_and_every_malformed_entry_goes() ->
     assert not reads.ready
 
 
+def test_a_hand_out_is_fresh_only_when_this_read_brought_all_of_it() -> None:
+    """What an earlier read (or a blocking read it left running) brought, or
+    a recovering read handed back, was handed out by the store before this
+    read began: such a hand-out is not ``fresh`` (its claim renews)."""
+    reads = FairReads(2)
+    step = reads.first(4)
+    reads.brought(step[0], deliveries(0, 3), (), None)
+    reads.brought(step[1], deliveries(1, 3), (), None)
+    first = reads.hand_out(4)
+    assert len(first.deliveries) == 4 and first.fresh
+    assert reads.first(4) == ()  # the two kept go first
+    kept = reads.hand_out(4)
+    assert len(kept.deliveries) == 2 and not kept.fresh
+
+    reads = FairReads(2)
+    for read in reads.first(4):
+        reads.brought(read, (), (), None)
+    _, blocking = reads.blocking(4, now=0.0, block=1.0)
+    assert reads.hand_out(4).deliveries == ()
+    assert reads.first(4) == ()  # both blocking reads still out
+    reads.brought(blocking[0], deliveries(0, 1), (), None)  # left by the read before
+    late = reads.hand_out(4)
+    assert len(late.deliveries) == 1 and not late.fresh
+    # a blocking read this read started brings fresh deliveries
+    reads.brought(blocking[1], (), (), None)
+    for read in reads.first(4):
+        reads.brought(read, (), (), None)
+    _, blocking = reads.blocking(4, now=0.0, block=1.0)
+    reads.brought(blocking[0], deliveries(0, 1), (), None)
+    assert reads.hand_out(4).fresh
+
+    reads = FairReads(1)
+    (read,) = reads.first(2, recover=True)
+    reads.brought(read, deliveries(0, 1), (), None)
+    assert not reads.hand_out(2).fresh
+
+
 @given(
     st.integers(min_value=2, max_value=5),
     st.integers(min_value=1, max_value=50),

@@ -31,8 +31,10 @@ def asked_at(when: float, **settings: object) -> tuple[WorkerMachine, Read]:
     return machine, read
 
 
-def answered(machine: WorkerMachine, now: float, *arrivals: Arrival) -> list[Effect]:
-    machine.receive(ReadDone(arrivals=arrivals, next_due=None, now=now))
+def answered(
+    machine: WorkerMachine, now: float, *arrivals: Arrival, fresh: bool = True
+) -> list[Effect]:
+    machine.receive(ReadDone(arrivals=arrivals, next_due=None, now=now, fresh=fresh))
     return machine.effects()
 
 
@@ -53,6 +55,27 @@ def test_a_read_answered_late_renews_with_its_claim() -> None:
     (claim,) = of_type(answered(machine, 2.1, arrival("d1")), Claim)  # (> 1.0 + 2.0 / 2)
     assert claim.renew is True
     assert machine.in_flight["d1"].renewed_at == 2.1
+
+
+def test_deliveries_the_store_handed_out_before_the_read_renew_with_their_claim() -> None:
+    """A read that hands out what an earlier read brought (a partitioned
+    docket keeps what its blocking reads bring): not fresh, however soon."""
+    machine, _ = asked_at(1.0)
+    (claim,) = of_type(answered(machine, 1.01, arrival("d1"), fresh=False), Claim)
+    assert claim.renew is True
+    assert machine.in_flight["d1"].renewed_at == 1.01
+
+
+def test_a_fresh_lease_is_fenced_from_the_read_even_after_an_idle_confirmation() -> None:
+    """An idle tick between the read's asking and its answer confirms every
+    lease held (none) at its time: the fence still counts from the read."""
+    machine, _ = asked_at(1.5)
+    machine.receive(Tick(now=2.0))
+    machine.effects()
+    answered(machine, 2.4, arrival("d1"))
+    assert machine.in_flight["d1"].renewed_at == 1.5
+    fenced_at = fenced_with_no_answer(machine, 2.4, 1.5 + TIMEOUT)
+    assert fenced_at == pytest.approx(1.5 + machine.config.fence_after)
 
 
 def test_a_read_that_recovers_renews_with_its_claim() -> None:
