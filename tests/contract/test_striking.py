@@ -201,9 +201,11 @@ async def test_struck_at_execution_while_the_worker_runs(
         ran.set()
 
     async with running(worker):
-        execution = await docket.add(victim, when=now() + timedelta(milliseconds=40))()
+        # (the strike must be in before the victim is due: a loaded suite's
+        # round trips took more than a 40 ms margin once)
+        execution = await docket.add(victim, when=now() + timedelta(milliseconds=300))()
         await docket.strike(victim)
-        await docket.add(marker, when=now() + timedelta(milliseconds=80))()
+        await docket.add(marker, when=now() + timedelta(milliseconds=400))()
         await ran.wait()
         stored = await docket.get_execution(execution.key)
     assert calls == ["marker"]
