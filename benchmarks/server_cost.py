@@ -15,6 +15,8 @@ microseconds and calls per task of every command (the scripts' own commands
 included: Redis 7 counts them).  ``--scripts`` prints, for the drain, each
 script's calls and microseconds per task and its median call, from SLOWLOG
 (every command logged while the drain runs; the logging costs a little).
+``--limit-keys K`` gives every task ``ConcurrencyLimit("customer", ceil(C / K))``
+over K customers (task i gets customer i mod K), as ``run.py``'s limited drains.
 """
 
 from __future__ import annotations
@@ -37,6 +39,18 @@ from drain_server import private_server
 
 async def noop() -> None:
     """The task: does nothing."""
+
+
+def limited_task(per_key: int) -> Any:
+    """The limited workload's task: does nothing, under a per-customer limit."""
+    from docket_core import ConcurrencyLimit
+
+    async def limited(
+        customer: int, limit: ConcurrencyLimit = ConcurrencyLimit("customer", per_key)
+    ) -> None:
+        """Does nothing, holding one of its customer's slots."""
+
+    return limited
 
 
 def info(port: int, section: str) -> dict[str, str]:
@@ -104,23 +118,27 @@ def script_times(port: int) -> dict[str, list[int]]:
     return times
 
 
-async def one_run(port: int, tasks: int, concurrency: int, scripts: bool) -> dict[str, Any]:
+async def one_run(
+    port: int, tasks: int, concurrency: int, scripts: bool, keys: int
+) -> dict[str, Any]:
     from docket_core import Docket, Worker
 
     url = f"redis://127.0.0.1:{port}/0"
     name = f"cost-{uuid.uuid4().hex[:8]}"
     result: dict[str, Any] = {}
     async with Docket(name=name, url=url) as docket:
-        docket.register(noop)
+        task = limited_task(max(1, -(-concurrency // keys))) if keys else noop
+        docket.register(task)
+        arguments: list[tuple[int, ...]] = [(i % keys,) if keys else () for i in range(tasks)]
         # a warm-up task, so script loading and the group's creation are not counted
-        await docket.add(noop)()
+        await docket.add(task)(*arguments[0])
         warm = Worker(docket, concurrency=concurrency, schedule_automatic_tasks=False)
         async with warm:
             await warm.run_until_finished()
         first = snapshot(port)
         started = time.perf_counter()
-        for _ in range(tasks):
-            await docket.add(noop)()
+        for each in arguments:
+            await docket.add(task)(*each)
         result["enqueue_s"] = time.perf_counter() - started
         second = snapshot(port)
         worker = Worker(
@@ -153,10 +171,10 @@ async def one_run(port: int, tasks: int, concurrency: int, scripts: bool) -> dic
     return result
 
 
-def child(port: int, tasks: int, concurrency: int, scripts: bool) -> None:
+def child(port: int, tasks: int, concurrency: int, scripts: bool, keys: int) -> None:
     import anyio
 
-    print(json.dumps(anyio.run(one_run, port, tasks, concurrency, scripts)))
+    print(json.dumps(anyio.run(one_run, port, tasks, concurrency, scripts, keys)))
 
 
 def run_tree(tree: str, port: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -167,6 +185,7 @@ def run_tree(tree: str, port: int, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, os.path.abspath(__file__), "--child", str(port)]
     command += ["--tasks", str(args.tasks), "--concurrency", str(args.concurrency)]
     command += ["--scripts"] if args.scripts else []
+    command += ["--limit-keys", str(args.limit_keys)]
     done = subprocess.run(command, env=environment, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"{tree}: {done.stderr}")
@@ -210,14 +229,21 @@ def main() -> None:
     parser.add_argument("--commands", action="store_true", help="per-command figures too")
     parser.add_argument("--scripts", action="store_true", help="per-script figures too")
     parser.add_argument("--server", default="redis-server")
+    parser.add_argument(
+        "--limit-keys", type=int, default=0, help="tasks under a per-customer limit over K keys"
+    )
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.tasks, args.concurrency, args.scripts)
+        child(args.child, args.tasks, args.concurrency, args.scripts, args.limit_keys)
         return
     trees = args.tree or [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
     runs: dict[str, list[dict[str, Any]]] = {tree: [] for tree in trees}
-    print(f"{args.tasks} no-op tasks, concurrency {args.concurrency}; us = server CPU per task")
+    limited = f" under a limit over {args.limit_keys} keys" if args.limit_keys else ""
+    print(
+        f"{args.tasks} no-op tasks{limited}, concurrency {args.concurrency};"
+        " us = server CPU per task"
+    )
     print(
         f"{'tree':<24} {'enq us':>7} {'drain us':>9} {'total us':>9}"
         f" {'drain s':>8} {'wcpu s':>7}"

@@ -510,6 +510,13 @@ class Timeout(Runtime):
 # -- concurrency -------------------------------------------------------------------
 
 
+#: the argument types whose limits' policies a ``ConcurrencyLimit`` keeps
+#: (equal values write alike: not ``bool``, whose values equal 0 and 1)
+_KEPT_VALUES = frozenset({int, str, type(None)})
+#: how many it keeps before it starts over
+_POLICIES_KEPT = 4096
+
+
 class ConcurrencyLimit(Dependency):
     """At most ``max_concurrent`` runs at once, across all workers.
 
@@ -536,10 +543,12 @@ class ConcurrencyLimit(Dependency):
         self.argument_name = argument_name if isinstance(argument_name, str) else None
         self.max_concurrent = max_concurrent
         self.scope = scope
+        self._policies: dict[tuple[str, str, object], ConcurrencyPolicy] = {}
 
     def _bind_to_parameter(self, parameter: str) -> Dependency:
         bound = _copy(self)
         bound._describes_argument = True
+        bound._policies = {}
         if bound.argument_name is None:
             bound.argument_name = parameter
         return bound
@@ -547,11 +556,9 @@ class ConcurrencyLimit(Dependency):
     def _call_policy(
         self, function_name: str, docket_name: str, arguments: Mapping[str, Any]
     ) -> dict[str, Any]:
-        prefix = f"{self.scope or docket_name}:concurrency:{function_name}"
         name = self.argument_name
-        if name is None:
-            key = prefix
-        else:
+        value: object = None
+        if name is not None:
             try:
                 value = arguments[name]
             except KeyError:
@@ -559,10 +566,23 @@ class ConcurrencyLimit(Dependency):
                     f"ConcurrencyLimit argument {name!r} not found in task arguments. "
                     f"Available: {list(arguments)}"
                 ) from None
-            key = f"{prefix}:{name}:{value!r}"
+        # the policies of plain values are kept (a worker sees the same
+        # customers again and again): a few thousand at most
+        kept = type(value) in _KEPT_VALUES
+        if kept:
+            policy = self._policies.get((docket_name, function_name, value))
+            if policy is not None:
+                return {"concurrency": policy}
+        key = f"{self.scope or docket_name}:concurrency:{function_name}"
+        if name is not None:
+            key = f"{key}:{name}:{value!r}"
         policy = ConcurrencyPolicy(
             limit_key=key, max_concurrent=self.max_concurrent, scope=self.scope
         )
+        if kept:
+            if len(self._policies) >= _POLICIES_KEPT:
+                self._policies.clear()
+            self._policies[docket_name, function_name, value] = policy
         return {"concurrency": policy}
 
     def __repr__(self) -> str:

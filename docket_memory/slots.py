@@ -189,7 +189,7 @@ def _claim_and_take(store: MemoryStore, effect: SlotStep, take: SlotTake, *, par
     if not park and _take_from(slots, holder, take.max_concurrent, now, effect.stale_after):
         slots[holder] = now
         pool.restale(take.limit_key)
-        if held is not None:
+        if held is not None and effect.renew:
             held.renewed_at = now
         shelf.records[key] = attrs.evolve(
             record, state=ExecutionState.RUNNING, worker=worker, started_at=now

@@ -1,11 +1,14 @@
 -- SlotStep (docket_core/sansio/local_slots.py), for limits of this docket's
 -- own namespace P: ARGV = prefix, group, memo header, then the items of one
--- or more steps in one argument (unpack_batch), 20 fields an item, as
+-- or more steps in one argument (unpack_batch), 21 fields an item, as
 -- docket_core/lua/slot_steps.py lays them out: '1' (the first item of a
 -- step) or '0' (the next take of the same step); the finish (id, key,
 -- generation, state ('' without one), ttl, error, has_result, result); the
 -- release (limit ('' without one), holder); a take (limit ('' without one),
--- holder, max, id, key, generation); stale_after, now, the request number.  The consecutive steps of a flush go in one call.  Each
+-- holder, max, id, key, generation); stale_after, now, the request number,
+-- renew ('1': a take that gets a slot has its delivery's lease renewed to
+-- now; '0': a recent read handed it out, and its lease counts from that).
+-- The consecutive steps of a flush go in one call.  Each
 -- step, in order: records the run's end as finish.lua does; releases the
 -- holder's slot as release.lua does (a holder whose slot was taken over
 -- frees nothing; a freed slot queues the oldest live waiter of
@@ -52,7 +55,8 @@ local function finish(f, now)
     gone[id] = true
   end
   local run = run_key(key)
-  if tonumber(redis.call('HGET', run, 'g') or '-1') ~= gen then return 0 end
+  local record = redis.call('HMGET', run, 'g', 'slot', 'pin', 'cancel')
+  if tonumber(record[1] or '-1') ~= gen then return 0 end
   local state, ttl, err = f[4], f[5], f[6]
   local fields = {'state', state, 'completed', now}
   local event = {type = 'state', state = state, completed_at = tonumber(now)}
@@ -65,8 +69,8 @@ local function finish(f, now)
     fields[#fields + 1] = f[8]
   end
   redis.call('HSET', run, unpack(fields))
-  conclude(key, ttl, 'cancel')
-  publish(key, event)
+  conclude(key, ttl, 'cancel', not (record[2] or record[3] or record[4]))
+  publish_head(key, err == '' and state_head(state, 'completed_at', now) or nil, event)
   return 1
 end
 
@@ -85,6 +89,9 @@ local function release(limit, holder, now)
   if docket then return 0, docket, true end
   return 0, '', false
 end
+
+-- the running state event's JSON up to its key, made once a `now`
+local heads = {}
 
 -- whether a limit of P may have waiters (P:stale lists them): a take renews
 -- a limit's stale time only then
@@ -132,8 +139,13 @@ local function claim_and_take(t, s, park)
     redis.call('PEXPIRE', slots, slot_ttl_ms(s.stale))
     if maybe_waiting == nil then maybe_waiting = redis.call('EXISTS', P .. ':stale') == 1 end
     if maybe_waiting then restale_waiting(P, limit) end
-    taken[#taken + 1] = id
-    mark_running(run, key, WORKER, now, false)
+    if s.renew then taken[#taken + 1] = id end
+    local head = heads[now]
+    if head == nil then
+      head = running_head(WORKER, now)
+      heads[now] = head
+    end
+    mark_running(run, key, WORKER, now, false, head)
     return SLOT
   end
   -- park: the delivery is acknowledged and the key waits at the tail
@@ -181,12 +193,13 @@ end
 
 -- check every input before the first write
 local steps, ids, seqs = {}, {}, {}
-for _, f in ipairs(unpack_batch(ARGV[4], 20)) do
+for _, f in ipairs(unpack_batch(ARGV[4], 21)) do
   if f[1] == '1' or #steps == 0 then
-    local s = {stale = f[18], now = f[19], seq = f[20], takes = {}}
+    local s = {stale = f[18], now = f[19], seq = f[20], renew = f[21] == '1', takes = {}}
     if not (tonumber(s.now) and tonumber(s.stale)) then
       error('docket: step takes numbers for stale_after and now')
     end
+    if f[21] ~= '1' and f[21] ~= '0' then error('docket: step takes renew 1 or 0') end
     if f[5] ~= '' then
       s.finish = {f[2], f[3], tonumber(f[4]), f[5], f[6], f[7], f[8], f[9]}
       if not (s.finish[3] and tonumber(f[6])) then error('docket: step: malformed finish') end

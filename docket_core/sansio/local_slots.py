@@ -124,13 +124,18 @@ class SlotStep(StoreEffect):
     The parts' own ``now`` and requests are ignored: the step's count (a
     resend restamps the step).  A resend answers the first outcome, except
     that a take that got a slot answers lost when the sender no longer
-    holds the delivery or the slot (else both are renewed)."""
+    holds the delivery or the slot (else both are renewed).
+
+    With ``renew``, a take that gets a slot renews its delivery's lease to
+    ``now`` too; without, the lease stays as a recent read made it (the
+    machine counts it from that read: ``Claim.renew``)."""
 
     finish: Finish | None = None
     release: ReleaseSlot | None = None
     takes: tuple[SlotTake, ...] = ()
     stale_after: float = 0.0
     now: float
+    renew: bool = True
     #: identity for resends (see ``effects``)
     request: Request | None = attrs.field(default=None, eq=False)
 
@@ -210,9 +215,10 @@ class _Machine(Protocol):
         now: float,
         finish: Finish | None = None,
         release: ReleaseSlot | None = None,
+        renew: bool = True,
     ) -> SlotStep: ...
 
-    def _send_takes(self, takes: list[SlotTake], now: float) -> None: ...
+    def _send_takes(self, takes: list[SlotTake], now: float, renew: bool = True) -> None: ...
 
     def _next_waiter(self, limit_key: str) -> InFlight | None: ...
 
@@ -294,8 +300,10 @@ class LocalSlotSteps:
         now: float,
         finish: Finish | None = None,
         release: ReleaseSlot | None = None,
+        renew: bool = True,
     ) -> SlotStep:
-        """A step with these parts (an end's step has its finish's request)."""
+        """A step with these parts (an end's step has its finish's request);
+        without ``renew``, its takes leave their leases as the read made them."""
         request = finish.request if finish is not None else None
         return SlotStep(
             finish=finish,
@@ -303,13 +311,14 @@ class LocalSlotSteps:
             takes=takes,
             stale_after=self.config.redelivery_timeout,
             now=now,
+            renew=renew,
             request=request if request is not None else self.outbox.request(),
         )
 
-    def _send_takes(self: _Machine, takes: list[SlotTake], now: float) -> None:
-        """One step for ``takes`` (``_arrive``'s), if any."""
+    def _send_takes(self: _Machine, takes: list[SlotTake], now: float, renew: bool = True) -> None:
+        """One step for ``takes`` (``_arrive``'s), if any (``renew``: ``_step``)."""
         if takes:
-            self._effects.append(self._step(tuple(takes), now))
+            self._effects.append(self._step(tuple(takes), now, renew=renew))
 
     # -- waiting here ---------------------------------------------------------------
 

@@ -77,7 +77,7 @@ class _Machine(Protocol):
         self, flight: InFlight, limit: ConcurrencyPolicy, now: float
     ) -> SlotTake | None: ...
 
-    def _send_takes(self, takes: list[SlotTake], now: float) -> None: ...
+    def _send_takes(self, takes: list[SlotTake], now: float, renew: bool = True) -> None: ...
 
     def _delivered(
         self, arrivals: Sequence[Arrival], now: float, early: bool = False, fresh: bool = False
@@ -258,8 +258,8 @@ class ReadSteps:
         renew: bool = True,
     ) -> None:
         """Send the deliveries on (``ARRIVED``, with room): a slot step, or
-        one ``Claim`` for them all (renewing their leases unless told not
-        to), the fresh ones started with it when ``early`` (``_delivered``)."""
+        one ``Claim`` for them all (either renewing their leases unless told
+        not to), the fresh ones started with it when ``early`` (``_delivered``)."""
         claims: list[ClaimItem] = []
         claiming: list[InFlight] = []
         starts: list[InFlight] = []
@@ -292,7 +292,7 @@ class ReadSteps:
                     generation=delivery.message.generation,
                 )
             )
-        self._send_takes(takes, now)
+        self._send_takes(takes, now, renew)
         if claims:
             request = self.outbox.request()
             for flight in claiming:

@@ -575,6 +575,37 @@ def test_concurrency_limit_forms() -> None:
         task_policy(per_argument, "pa", "dk", {})
 
 
+#: one limit on two tasks' parameters (annotations resolve in this module)
+SHARED_LIMIT = ConcurrencyLimit(2)
+
+
+def test_a_limit_keeps_the_policies_of_plain_values_apart() -> None:
+    """A limit keeps the policy of each plain argument value it has seen
+    (a worker meets the same customers again and again): the same value
+    gives the same policy, and what only compares equal does not mix."""
+
+    async def one(customer: Annotated[Any, SHARED_LIMIT]) -> None:
+        pass
+
+    async def two(account: Annotated[Any, SHARED_LIMIT]) -> None:
+        pass
+
+    def key(function: Any, name: str, docket: str, value: Any) -> str:
+        policy = task_policy(function, name, docket, {function.__code__.co_varnames[0]: value})
+        assert policy.concurrency is not None
+        return policy.concurrency.limit_key
+
+    assert key(one, "one", "dk", 1) == "dk:concurrency:one:customer:1"
+    first = task_policy(one, "one", "dk", {"customer": 1}).concurrency
+    assert task_policy(one, "one", "dk", {"customer": 1}).concurrency is first
+    assert key(one, "one", "dk", True) == "dk:concurrency:one:customer:True"
+    assert key(one, "one", "dk", 1.0) == "dk:concurrency:one:customer:1.0"
+    assert key(one, "one", "dk", "1") == "dk:concurrency:one:customer:'1'"
+    assert key(one, "one", "other", 1) == "other:concurrency:one:customer:1"
+    assert key(two, "two", "dk", 1) == "dk:concurrency:two:account:1"
+    assert key(one, "one", "dk", None) == "dk:concurrency:one:customer:None"
+
+
 async def test_annotated_concurrency_parameter_is_not_injected() -> None:
     async def task(customer_id: Annotated[int, ConcurrencyLimit(3)]) -> int:
         return customer_id

@@ -734,3 +734,37 @@ def test_a_count_and_a_layout_read_as_numbers() -> None:
     assert parse_layout([b"3", b"1", b"2"]).leaving == 1
     with pytest.raises(StoreError):
         parse_layout([b"0", b"", b"0"])  # (a count is at least 1)
+
+
+@pytest.mark.parametrize("renew", [True, False])
+def test_a_slot_step_carries_21_fields_an_item_its_renew_last(renew: bool) -> None:
+    from docket_core.lua.slot_steps import step_fields
+    from docket_core.sansio.local_slots import SlotStep, SlotTake
+
+    takes = tuple(SlotTake(f"{n}-0", message(f"k{n}"), "limit:x", 2, f"w1/{n}-0") for n in (1, 2))
+    step = SlotStep(finish=finish(), takes=takes, stale_after=60.0, now=10.0, renew=renew)
+    fields = unpack_batch(step_fields(LAYOUT, step))
+    assert len(fields) == 21 * 2
+    assert fields[0::21] == [b"1", b"0"]  # the step's first item, then a further take
+    assert fields[14::21] == [b"1-0", b"2-0"]
+    assert fields[20::21] == [b"1" if renew else b"0"] * 2
+
+
+@pytest.mark.parametrize("error", [None, "boom"])
+def test_a_step_that_hands_its_slot_to_one_take_is_laid_out_as_any_step(
+    error: str | None,
+) -> None:
+    """A drain's step (an end, its release, one take) takes a format of its
+    own: its item is the first item of the same step with a second take."""
+    from docket_core.lua.slot_steps import step_fields
+    from docket_core.sansio.local_slots import SlotStep, SlotTake
+
+    release = ReleaseSlot(limit_key="limit:x", holder="w1/0-1", now=10.0)
+    take = SlotTake("1-0", message("k1"), "limit:x", 2, "w1/1-0")
+    end = finish(2, error=error, result=b"r" if error is None else None)
+    step = SlotStep(finish=end, release=release, takes=(take,), stale_after=60.0, now=10.0)
+    one = step_fields(LAYOUT, step)
+    two = step_fields(LAYOUT, attrs.evolve(step, takes=(take, take)))
+    assert len(unpack_batch(one)) == 21 and two.startswith(one)
+    with pytest.raises(ValueError, match="its docket's own only"):
+        step_fields(LAYOUT, attrs.evolve(step, release=attrs.evolve(release, scope="shared")))

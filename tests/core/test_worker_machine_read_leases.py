@@ -6,8 +6,11 @@ was answered soon after it was asked (within half a renewal interval), its
 the servers) and the machine counts them from the moment it asked for the
 read, which is no later than the store handed them out; a read answered
 late, or one that recovered what a lost reply handed out, renews them with
-the claim.  Reads look for other workers' stale deliveries only every
-``stale_scan_every`` (a tenth of the redelivery timeout, at most a second)."""
+the claim.  A limited delivery's ``SlotStep`` claims it: its ``renew``
+follows the same rule, and a delivery that waited in the worker for a slot
+renews with its step.  Reads look for other workers' stale deliveries only
+every ``stale_scan_every`` (a tenth of the redelivery timeout, at most a
+second)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from machines import arrival, fenced_with_no_answer, make_machine, of_type
 
 from docket_core.sansio.effects import Claim, Effect, Read
 from docket_core.sansio.inputs import Arrival, ReadDone, ReadFailed, Tick
+from docket_core.sansio.local_slots import HOLD_FOR, SlotStep
+from docket_core.sansio.values import ConcurrencyPolicy, TaskPolicy
 from docket_core.sansio.worker import WorkerConfig, WorkerMachine
 
 TIMEOUT = 8.0  # renew_interval 2.0, fence_after 6.0
@@ -112,3 +117,34 @@ def test_reads_look_for_stale_deliveries_every_tenth_of_the_timeout_at_most_a_se
     assert WorkerConfig(name="w", redelivery_timeout=timeout).stale_scan_every == every
     _, read = asked_at(0.0, redelivery_timeout=timeout)
     assert read.stale_scan_every == every
+
+
+# -- limited deliveries: their slot step claims them -------------------------------------------
+
+SERIAL = TaskPolicy(concurrency=ConcurrencyPolicy(limit_key="limit:one", max_concurrent=1))
+
+
+def test_a_read_answered_soon_takes_its_slots_without_renewing() -> None:
+    machine, _ = asked_at(1.0)
+    (step,) = of_type(answered(machine, 1.9, arrival("d1", policy=SERIAL)), SlotStep)
+    assert step.renew is False
+    assert machine.in_flight["d1"].renewed_at == 1.0
+
+
+@pytest.mark.parametrize("late", [True, False])
+def test_a_late_or_not_fresh_read_renews_with_its_slot_step(late: bool) -> None:
+    machine, _ = asked_at(1.0)
+    effects = answered(machine, 2.1 if late else 1.01, arrival("d1", policy=SERIAL), fresh=late)
+    (step,) = of_type(effects, SlotStep)
+    assert step.renew is True
+
+
+def test_a_delivery_that_waited_here_renews_with_its_slot_step() -> None:
+    """Its step goes out after the read, whenever: it renews."""
+    machine, _ = asked_at(1.0)
+    effects = answered(machine, 1.5, arrival("d1", policy=SERIAL), arrival("d2", policy=SERIAL))
+    (first,) = of_type(effects, SlotStep)
+    assert [take.delivery_id for take in first.takes] == ["d1"] and first.renew is False
+    machine.receive(Tick(now=1.5 + HOLD_FOR))
+    (waited,) = of_type(machine.effects(), SlotStep)
+    assert [take.delivery_id for take in waited.takes] == ["d2"] and waited.renew is True
