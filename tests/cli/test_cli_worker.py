@@ -15,14 +15,16 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio
 import pytest
-from servers import free_port
+from servers import Servers, command, free_port
 
 from docket_core import Disposition, Docket, ExecutionState, Progress, Worker
+from docket_core.lua.base import ScriptedStore
 
 pytestmark = [
     pytest.mark.anyio,
@@ -240,7 +242,9 @@ async def test_the_worker_command_takes_a_fallback_task(docket: Docket, docket_u
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
 
-async def test_watch_follows_a_task_to_its_end(docket: Docket, docket_url: str) -> None:
+async def test_watch_follows_a_task_to_its_end(
+    docket: Docket, docket_url: str, server_for: Callable[[], Servers | None]
+) -> None:
     async def reporting(progress: Progress = Progress()) -> int:
         await progress.set_total(2)
         for step in ("halfway", "done"):
@@ -250,9 +254,16 @@ async def test_watch_follows_a_task_to_its_end(docket: Docket, docket_url: str) 
         return 42
 
     docket.register(reporting)
-    when = datetime.now(UTC) + timedelta(seconds=3)  # the watchers' processes start first
-    await docket.add(reporting, key="watched", when=when)()
+    await docket.add(reporting, key="watched")()
     common = ["--url", docket_url, "--docket", docket.name]
+    server = server_for()
+    assert server is not None and isinstance(docket.adapter, ScriptedStore)
+    channel = docket.adapter.layout.events_channel("watched")
+
+    def watchers() -> int:
+        _, count = command(server.data_ports()[0], "PUBSUB", "NUMSUB", channel)
+        return int(count)
+
     watched: dict[str, subprocess.CompletedProcess[str]] = {}
 
     async def watch(how: str, **env: str) -> None:
@@ -264,6 +275,10 @@ async def test_watch_follows_a_task_to_its_end(docket: Docket, docket_url: str) 
         async with anyio.create_task_group() as group:
             group.start_soon(watch, "piped")
             group.start_soon(lambda: watch("terminal", TTY_COMPATIBLE="1"))
+            # the worker starts once both watchers follow the task (or ended):
+            # their processes may take seconds to start on a loaded machine
+            while await anyio.to_thread.run_sync(watchers) < 2 - len(watched):
+                await anyio.sleep(0.05)
             worker = Worker(docket, minimum_check_interval=timedelta(milliseconds=10))
             await worker.run_until_finished()
 

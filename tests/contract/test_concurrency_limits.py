@@ -273,6 +273,9 @@ async def test_a_stale_slot_of_a_scope_is_taken_over_from_another_docket(
     # chain's first two steps: take it in the scope, confirm it in the docket),
     # and dies
     await crashed.add(export, key="ghost-held")()
+    # (stamped before the slot's `now`: it goes stale 0.3 s after that, and
+    # the three round trips below may take a while on a loaded machine)
+    died_at = time.monotonic()
     now = time.time()
     (delivery,) = await claim_as(crashed, "ghost", 1, now)
     holder = f"{crashed.name}/ghost/{delivery.delivery_id}"
@@ -300,7 +303,6 @@ async def test_a_stale_slot_of_a_scope_is_taken_over_from_another_docket(
     )
     (confirmed,) = await crashed.adapter.execute([confirm])
     assert confirmed == SlotConfirmed(delivery_id=delivery.delivery_id)
-    died_at = time.monotonic()
 
     docket_name = survivor.name
     await survivor.add(export, key="waits")()
@@ -621,7 +623,7 @@ async def test_the_slot_is_released_when_the_worker_shuts_down(
 
     async def draining(key: str = TaskKey(), limit: ConcurrencyLimit = ConcurrencyLimit(2)) -> None:
         started.append(key)
-        await anyio.sleep(0.1)
+        await anyio.sleep(0.3)  # (both must be seen running before either ends)
         finished.append(key)
 
     docket.register(draining)

@@ -71,8 +71,11 @@ async def test_submissions_during_the_wait_push_the_run_back(docket: Docket) -> 
             await docket.add(refresh)()
             group.start_soon(worker.run_until_finished)
             last = time.time()
-            for _ in range(4):  # keep it busy past several settles' worth of time
-                await anyio.sleep(SETTLE.total_seconds() / 2)
+            # keep it busy past two settles' worth of time; a submission every
+            # sixth of a settle, so a late wake-up under load cannot leave a
+            # quiet gap of a whole settle between two of them
+            for _ in range(12):
+                await anyio.sleep(SETTLE.total_seconds() / 6)
                 await docket.add(refresh)()
                 last = time.time()
     assert len(runs) == 1

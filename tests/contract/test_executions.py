@@ -242,16 +242,26 @@ async def test_subscribe_sees_scheduled_then_queued(
 
     execution = await docket.add(job, when=now() + timedelta(milliseconds=50))()
     states: list[str] = []
+    subscribed = anyio.Event()
+    done = anyio.Event()
 
     async def watch() -> None:
         async for event in execution.subscribe():
             if event["type"] == "state":
                 states.append(event["state"])
+                subscribed.set()
                 if event["state"] == "completed":
+                    done.set()
                     return
 
-    async with running(worker):
-        await watch()
+    # subscribed before the worker starts: under load, subscribing could take
+    # longer than the 50 ms until the worker queues it
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch)
+            await subscribed.wait()
+            async with running(worker):
+                await done.wait()
 
     assert states[0] == "scheduled"
     assert states[-3:] == ["queued", "running", "completed"]

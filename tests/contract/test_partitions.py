@@ -111,7 +111,7 @@ async def test_a_concurrency_limit_spans_the_partitions(make_docket: MakeDocket)
         nonlocal active, peak, done
         active += 1
         peak = max(peak, active)
-        await anyio.sleep(0.02)
+        await anyio.sleep(0.05)  # (long enough for two runs to overlap when loaded)
         active -= 1
         done += 1
 

@@ -65,7 +65,9 @@ async def test_add_with_when_runs_no_earlier_and_soon_after(
 
     assert len(ran_at) == 1
     assert ran_at[0] >= when.timestamp()
-    assert ran_at[0] - when.timestamp() < 0.3
+    # (a server may end a short blocking read only on its 10 Hz timer, and a
+    # loaded machine adds its own delay)
+    assert ran_at[0] - when.timestamp() < 0.5
 
 
 async def test_add_with_when_in_the_past_is_queued(

@@ -45,13 +45,15 @@ async def test_a_message_held_by_a_crashed_worker_is_redelivered(docket: Docket)
         return "recovered"
 
     execution = await docket.add(survivor)()
+    # (stamped before the read that starts the lease, not after the round
+    # trips that follow it: those may take a while on a loaded machine)
+    taken_at = time.monotonic()
     taken = await docket.adapter.read(
         worker="ghost", count=1, now=time.time(), redelivery_timeout=0.2, block=0
     )
     assert [d.message.key for d in taken.deliveries] == [execution.key]
     assert (await loaded(docket, execution.key)).state is ExecutionState.QUEUED
 
-    taken_at = time.monotonic()
     worker = make_worker(docket, redelivery_timeout=timedelta(milliseconds=200))
     with anyio.fail_after(2):
         await worker.run_until_finished()
@@ -68,13 +70,16 @@ async def test_a_long_task_keeps_its_lease(docket: Docket) -> None:
 
     async def long_one(execution: Execution = CurrentExecution()) -> None:
         runs.append(execution.worker or "?")
-        await anyio.sleep(0.4)
+        await anyio.sleep(1.2)  # (more than twice the lease)
 
     execution = await docket.add(long_one)()
-    lease = timedelta(milliseconds=100)
+    # (renewals go every lease / 4, and a worker stops a run itself once none
+    # got through for 3/4 of a lease: with 100 ms, a stall of 75 ms on a loaded
+    # machine loses the run)
+    lease = timedelta(milliseconds=500)
     first = make_worker(docket, name="first", redelivery_timeout=lease)
     second = make_worker(docket, name="second", redelivery_timeout=lease)
-    with anyio.fail_after(2):
+    with anyio.fail_after(5):
         async with anyio.create_task_group() as group:
             group.start_soon(first.run_until_finished)
             group.start_soon(second.run_until_finished)

@@ -579,8 +579,9 @@ async def test_a_glide_workload_under_trio(make_docket: Callable[..., Any]) -> N
 
     producer.register(job)
     consumer.register(job)
-    future_when = datetime.now(UTC) + timedelta(milliseconds=400)
-    # first, so the worker has something pending while the producer adds the rest
+    # first, so the worker has something pending while the producer adds the
+    # rest (99 adds took 0.17-0.34 s on a loaded machine: 400 ms was too close)
+    future_when = datetime.now(UTC) + timedelta(milliseconds=1500)
     await producer.add(job, when=future_when, key="future")(1000)
     worker = Worker(
         consumer,
