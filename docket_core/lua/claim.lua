@@ -64,10 +64,10 @@ for i = 8, #ARGV, 3 do
   verdicts[#verdicts + 1] = verdict
 end
 for i = 1, renew == '1' and #claimed or 0, 1000 do
-  local ids = {Q, GROUP, worker, 0}
-  for j = i, math.min(i + 999, #claimed) do ids[#ids + 1] = claimed[j] end
-  ids[#ids + 1] = 'JUSTID'
-  redis.call('XCLAIM', unpack(ids))
+  local renewal = {Q, GROUP, worker, 0}
+  for j = i, math.min(i + 999, #claimed) do renewal[#renewal + 1] = claimed[j] end
+  renewal[#renewal + 1] = 'JUSTID'
+  redis.call('XCLAIM', unpack(renewal))
 end
 acknowledge_all(acked)
 return remember(seq, verdicts)
