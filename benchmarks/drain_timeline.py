@@ -170,6 +170,8 @@ async def drain(url: str, args: argparse.Namespace, limited: bool) -> None:
             running.Runner.start = start  # type: ignore[method-assign]
     label = f"limited ({args.keys} keys, {args.per_key} a key)" if limited else "unlimited"
     timeline.report(f"{label}, {args.sleep_ms:g} ms tasks", args.tasks, wall, cpu)
+    counted = {name: count for name, count in sorted(worker.counters.items()) if count}
+    print(f"  the worker's counters: {counted}")
 
 
 def main() -> None:

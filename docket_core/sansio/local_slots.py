@@ -29,8 +29,13 @@ here for ``L``.  A delivery waits here only while this worker's runs of
 ``L`` all started less than ``HOLD_FOR`` ago, at most ``HOLD_FOR``, and at
 most ``DEPTH`` per slot of ``L``: a slot held long, or many deliveries of one
 limit, take the store's way (their steps park them), so waiting here never
-holds a worker's capacity long.  A stopping worker sends every delivery that
-waits here its step at once.
+holds a worker's capacity long.  A delivery waiting here takes no room of a
+run (``read_steps._room``): it takes the room of the run that hands it its
+slot.  So the worker reads on while some wait, and a slot its end freed with
+nobody waiting here for it soon has a delivery of its limit, instead of
+standing idle until a run of another limit ends (a worker holds at most
+twice its concurrency in deliveries: ``capacity``).  A stopping worker sends
+every delivery that waits here its step at once.
 
 Asking ahead: a delivery whose step is out cannot start before the store's
 answer, one round trip.  So that a drain of short limited tasks does not

@@ -219,14 +219,20 @@ class ReadSteps:
     def _room(self: _Machine) -> int:
         """How many more deliveries may go on towards a run now:
         ``concurrency`` less the deliveries held that run or will run (not
-        those whose end is out, ``FINISHING``, nor those in the backlog),
-        and, ahead, those whose slot step is out, up to as many as the runs
-        going are expected to end within one step's round trip (the mean
-        time of each: ``local_slots``)."""
-        backlog = self._backlog
+        those whose end is out, ``FINISHING``, nor those in the backlog, nor
+        those that wait here for a slot this worker's runs hold: each takes
+        the room of the run that hands it its slot), and, ahead, those whose
+        slot step is out, up to as many as the runs going are expected to
+        end within one step's round trip (the mean time of each:
+        ``local_slots``)."""
+        backlog, waits = self._backlog, self.local.waits
         taken = 0
         for delivery_id, flight in self.in_flight.items():
-            if flight.phase is not _FINISHING and delivery_id not in backlog:
+            if (
+                flight.phase is not _FINISHING
+                and delivery_id not in backlog
+                and delivery_id not in waits
+            ):
                 taken += 1
         room = self.config.concurrency - taken
         stepping, run_time, step_time = len(self.local.acquiring), self._run_time, self._step_time
