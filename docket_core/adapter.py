@@ -157,8 +157,12 @@ class StorageAdapter(Protocol):
         """Hold every call on this store back until ``release_calls``
         (``held_calls.HeldCalls``, which every store mixes in)."""
 
+    def pass_next_call(self) -> None:
+        """Let the caller's next call (made before it yields) go, and the
+        held calls behind it once it is written (``HeldCalls``)."""
+
     def release_calls(self) -> None:
-        """Let the held calls go, behind the caller's next write."""
+        """Let the held calls go now."""
 
     async def close(self) -> None:
         """Disconnect; called once by ``Docket.__aexit__``."""

@@ -203,9 +203,10 @@ class BatchSending:
             self._turn_taken()
             adapter = self.docket.adapter
             if release:
-                # (the held calls wake after this step first yields: after
-                # ``execute`` wrote the batch)
-                adapter.release_calls()
+                # (the held calls go once ``execute`` has written the batch:
+                # at its first yield, or where the store's client may yield
+                # before it writes, when it says it wrote: ``held_calls``)
+                adapter.pass_next_call()
             if machine.config.batches_in_flight > 1:
                 outcomes = await adapter.execute_in_order(store)
             else:

@@ -9,12 +9,19 @@ begin, and only then writes the claim (``BatchSending._flush``).
 A run must still never reach the store ahead of its claim: a run that reads
 its own key sees it running, and one that replaces its own key replaces a
 running key, not the message it was handed.  So while the reader holds a
-claim back (``hold_calls``), every call on the store waits for it: the
-reader lets them go (``release_calls``) in the step that writes the claim,
-before that step first yields, so a call that waited writes after it.  Only
-the worker's own docket's store is held: a run's calls through another
-``Docket`` object on the same server are not, and may reach the server
-before its claim.
+claim back (``hold_calls``), every call on the store waits for it.  The
+reader then lets its claim's call through (``pass_next_call``, just before
+it makes that call): the calls held go once it is written.  Where the
+store's client writes a call before it first yields (memory, GLIDE), that is
+at its first yield, so a call that waited writes after it.  Where it may
+yield first (redis-py: a call that finds no connection at hand takes one
+from the pool, connecting it, a sentinel's asking for the primary first),
+the held calls would then go out on another connection, ahead of the claim:
+such a store says ``tells_writes`` and calls ``written`` once a call's
+commands are on the wire, and the held calls go then (or once the claim's
+call returns, if it fails first).  Only the worker's own docket's store is
+held: a run's calls through another ``Docket`` object on the same server
+are not, and may reach the server before its claim.
 
 Every store class takes this mixin: its coroutine methods that reach the
 store (``GATED``, the ``StorageAdapter`` ones) wait while calls are held,
@@ -26,11 +33,12 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any
 
 import anyio
 
-__all__ = ["GATED", "HeldCalls"]
+__all__ = ["GATED", "HeldCalls", "written"]
 
 #: the store methods that wait while calls are held
 GATED = frozenset(
@@ -59,11 +67,39 @@ GATED = frozenset(
 )
 
 
+#: the store whose held calls the current task's call lets go once it is
+#: written (``HeldCalls.pass_next_call``): set for that call, and the calls it
+#: makes (on the store itself, or on the stores beneath it)
+_passing: ContextVar[HeldCalls | None] = ContextVar("docket_held_calls_passing", default=None)
+
+
+def written() -> None:
+    """A store's client wrote a call's commands (an adapter that
+    ``tells_writes`` calls this after each write): if the call is the one
+    that calls are held behind (``HeldCalls.pass_next_call``), let them go."""
+    store = _passing.get()
+    if store is not None:
+        store.release_calls()
+
+
 def _gated(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     @functools.wraps(method)
     async def gated(self: HeldCalls, *args: Any, **kwargs: Any) -> Any:
-        while self._held is not None:
-            await self._held.wait()
+        if self._held is not None:
+            if self._pass_next or _passing.get() is self:
+                # the call the held ones wait for (made before its caller
+                # yields), or one it makes: it goes, and they go once it is
+                # written, or has returned
+                self._pass_next = False
+                held, token = self._held, _passing.set(self)
+                try:
+                    return await method(self, *args, **kwargs)
+                finally:
+                    _passing.reset(token)
+                    if self._held is held:
+                        self.release_calls()
+            while self._held is not None:
+                await self._held.wait()
         return await method(self, *args, **kwargs)
 
     gated.__held_gate__ = True  # type: ignore[attr-defined]
@@ -76,6 +112,11 @@ class HeldCalls:
 
     #: set while calls are held: the event their release sets
     _held: anyio.Event | None = None
+    #: whether the next call goes while calls are held (``pass_next_call``)
+    _pass_next: bool = False
+    #: whether the store's client tells when a call is written (``written``);
+    #: if not, it writes a call before it first yields
+    tells_writes: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -89,9 +130,22 @@ class HeldCalls:
         if self._held is None:
             self._held = anyio.Event()
 
+    def pass_next_call(self) -> None:
+        """Let the caller's next call on this store (made before it yields)
+        go, and the held calls once it is written: where the store
+        ``tells_writes``, when it says so (``written``) or the call returns;
+        otherwise now (they go at its first yield, when it has written).
+        Nothing if none are held."""
+        if self._held is None:
+            return
+        if self.tells_writes:
+            self._pass_next = True
+        else:
+            self.release_calls()
+
     def release_calls(self) -> None:
-        """Let the held calls go (they write after the caller's next write,
-        if it makes one before it yields); nothing if none are held."""
+        """Let the held calls go now; nothing if none are held."""
         held, self._held = self._held, None
+        self._pass_next = False
         if held is not None:
             held.set()

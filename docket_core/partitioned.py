@@ -121,6 +121,8 @@ class PartitionedStore(HeldCalls):
             and home.sends_at_once
             and all(home.runs_apart_with(part) for part in self.parts)
         )
+        #: (``HeldCalls.tells_writes``: the home store's client writes)
+        self.tells_writes = home.tells_writes if isinstance(home, ScriptedStore) else False
 
     def sibling(self, name: str, partitions: int = 1) -> StorageAdapter:
         """An ordinary store of docket ``name`` beside ``home``."""

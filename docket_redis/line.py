@@ -29,6 +29,8 @@ from typing import Any
 import anyio
 from redis import exceptions as redis_errors
 
+from docket_core.held_calls import written
+
 __all__ = ["Line", "LineBroken"]
 
 
@@ -89,6 +91,7 @@ class Line:
             wrote = True
             packed = pack(self.connection)
             await self.connection.send_packed_command(packed, check_health=False)
+            written()
             if read_before is not None and not read_before.is_set():
                 await read_before.wait()
             self._check()

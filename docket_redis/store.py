@@ -32,6 +32,7 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import SentinelConnectionPool
 
+from docket_core.held_calls import written
 from docket_core.lua import SCRIPTS
 from docket_core.lua.base import ScriptedStore, reply_error
 from docket_core.lua.entries import text
@@ -184,6 +185,11 @@ class RedisStore(ScriptedStore):
     worker's check interval).  ``wait_replicas`` (sentinel URLs: 1) makes each
     round trip that may write end with ``WAIT wait_replicas wait_timeout_ms``.
     """
+
+    #: (``HeldCalls.tells_writes``) a call that finds no connection at hand
+    #: takes one from the pool, connecting it, before it writes: the calls a
+    #: worker holds behind its claim go once the claim is written (``written``)
+    tells_writes = True
 
     def __init__(
         self,
@@ -502,6 +508,7 @@ class RedisStore(ScriptedStore):
 
         async def send() -> list[Any]:
             await connection.send_packed_command(_packed(connection, commands), check_health=False)
+            written()
             replies: list[Any] = []
             for _ in commands:
                 try:
