@@ -191,10 +191,10 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         goes out with the ends, not after their reply; so do deliveries
         whose slot steps are out, as many as runs are expected to end within
         a round trip (``read_steps._room``; they may wait ``READY``, see
-        ``lifecycle``).  At most ``concurrency`` deliveries leave their room,
-        so, but for the backlog of a recovering read (``read_steps``), a
-        worker holds at most twice its concurrency in deliveries.  None
-        while that backlog waits."""
+        ``lifecycle``), and those that wait here for a slot this worker's
+        runs hold (``local_slots``).  But for the backlog of a recovering
+        read (``read_steps``), a worker holds at most twice its concurrency
+        in deliveries.  None while that backlog waits."""
         if not self.accepting or self._backlog:
             return 0
         return max(min(self._room(), 2 * self.config.concurrency - len(self.in_flight)), 0)
