@@ -25,23 +25,7 @@ local function finish(id, key, gen, state, now, ttl, err, has_result, result)
     if holder and holder ~= WORKER then return 0 end
   end
   if id ~= '' then done[#done + 1] = id end
-  local run = run_key(key)
-  local record = redis.call('HMGET', run, 'g', 'slot', 'pin', 'cancel')
-  if tonumber(record[1] or '-1') ~= gen then return 0 end
-  local fields = {'state', state, 'completed', now}
-  local event = {type = 'state', state = state, completed_at = tonumber(now)}
-  if err ~= '' then
-    fields[5], fields[6] = 'error', err
-    event['error'] = err
-  end
-  if has_result == '1' then
-    fields[#fields + 1] = 'result'
-    fields[#fields + 1] = result
-  end
-  redis.call('HSET', run, unpack(fields))
-  conclude(key, ttl, 'cancel', not (record[2] or record[3] or record[4]))
-  publish_head(key, err == '' and state_head(state, 'completed_at', now) or nil, event)
-  return 1
+  return record_end(key, gen, state, now, ttl, err, has_result, result)
 end
 local recorded = {}
 for i, f in ipairs(items) do

@@ -401,6 +401,30 @@ local function conclude(key, ttl, forget, bare)
   end
 end
 
+-- a run's end (finish.lua, step.lua): recorded only if generation `gen` is
+-- still the record's; then its state, completion time, error and result are
+-- written, the record concluded and the state published.  Returns 1
+-- (recorded) or 0
+local function record_end(key, gen, state, now, ttl, err, has_result, result)
+  local run = run_key(key)
+  local record = redis.call('HMGET', run, 'g', 'slot', 'pin', 'cancel')
+  if tonumber(record[1] or '-1') ~= gen then return 0 end
+  local fields = {'state', state, 'completed', now}
+  local event = {type = 'state', state = state, completed_at = tonumber(now)}
+  if err ~= '' then
+    fields[5], fields[6] = 'error', err
+    event['error'] = err
+  end
+  if has_result == '1' then
+    fields[#fields + 1] = 'result'
+    fields[#fields + 1] = result
+  end
+  redis.call('HSET', run, unpack(fields))
+  conclude(key, ttl, 'cancel', not (record[2] or record[3] or record[4]))
+  publish_head(key, err == '' and state_head(state, 'completed_at', now) or nil, event)
+  return 1
+end
+
 local LIVE = {scheduled = true, queued = true, running = true}
 
 -- generations come from one docket-wide counter: never reused, even after a

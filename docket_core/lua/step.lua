@@ -42,7 +42,7 @@ local function holds(id)
   return held[id] or holder_of(id) == WORKER
 end
 
--- the run's end (keep in step with finish.lua)
+-- the run's end (as finish.lua's: record_end)
 local function finish(f, now)
   local id, key, gen = f[1], f[2], f[3]
   -- a worker whose lease lapsed and was taken over leaves the run to the taker
@@ -54,24 +54,7 @@ local function finish(f, now)
     acked[#acked + 1] = id
     gone[id] = true
   end
-  local run = run_key(key)
-  local record = redis.call('HMGET', run, 'g', 'slot', 'pin', 'cancel')
-  if tonumber(record[1] or '-1') ~= gen then return 0 end
-  local state, ttl, err = f[4], f[5], f[6]
-  local fields = {'state', state, 'completed', now}
-  local event = {type = 'state', state = state, completed_at = tonumber(now)}
-  if err ~= '' then
-    fields[5], fields[6] = 'error', err
-    event['error'] = err
-  end
-  if f[7] == '1' then
-    fields[#fields + 1] = 'result'
-    fields[#fields + 1] = f[8]
-  end
-  redis.call('HSET', run, unpack(fields))
-  conclude(key, ttl, 'cancel', not (record[2] or record[3] or record[4]))
-  publish_head(key, err == '' and state_head(state, 'completed_at', now) or nil, event)
-  return 1
+  return record_end(key, gen, f[4], now, f[5], f[6], f[7], f[8])
 end
 
 -- the holder's slot (keep in step with release.lua); hand_on: a take
