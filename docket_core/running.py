@@ -496,8 +496,9 @@ YOUNG_THRESHOLD = 10_000
 @contextmanager
 def frozen_heap(enabled: bool) -> Iterator[None]:
     """While the block runs, keep every object that was there when it began
-    out of the garbage collector's passes (``gc.freeze``, after one
-    collection), and hand them back to it at the end (``gc.unfreeze``).
+    out of the garbage collector's passes (``gc.freeze``, after a
+    collection of the young generations), and hand them back to it at the
+    end (``gc.unfreeze``).
 
     A worker allocates a few short-lived objects a task, so the collector
     runs often, and its full passes walk the whole heap: the program's
@@ -509,14 +510,18 @@ def frozen_heap(enabled: bool) -> Iterator[None]:
     before a pass sees them, which saves about 1 µs of CPU a task in a
     no-op drain.  The cost: a reference cycle among the frozen objects that
     becomes garbage while the block runs is collected only after it (objects
-    without cycles are freed as always), and young cycles wait a little
-    longer.  Freezing and the threshold are process-wide: the first of two
-    such blocks to end unfreezes for both, the last one puts the threshold
-    back (unless someone else changed it meanwhile)."""
+    without cycles are freed as always), and so is one that was garbage
+    already in the old generation when it began: a full collection there
+    would walk the whole heap, 20-30 ms of CPU before the first task starts,
+    while one of the young generations takes well under a millisecond.
+    Young cycles wait a little longer.  Freezing and the threshold are
+    process-wide: the first of two such blocks to end unfreezes for both,
+    the last one puts the threshold back (unless someone else changed it
+    meanwhile)."""
     if not enabled:
         yield
         return
-    gc.collect()
+    gc.collect(1)
     gc.freeze()
     if not _THRESHOLDS:
         threshold = gc.get_threshold()
