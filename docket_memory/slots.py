@@ -37,7 +37,7 @@ from docket_core.sansio.local_slots import (
     SlotStepped,
     SlotTake,
 )
-from docket_core.sansio.values import ExecutionState, ProgressRecord
+from docket_core.sansio.values import ExecutionState
 
 from .shelf import Pool
 
@@ -194,7 +194,7 @@ def _claim_and_take(store: MemoryStore, effect: SlotStep, take: SlotTake, *, par
         shelf.records[key] = attrs.evolve(
             record, state=ExecutionState.RUNNING, worker=worker, started_at=now
         )
-        shelf.progress[key] = ProgressRecord()
+        shelf.progress.pop(key, None)  # (0 of 100 until a report: ``get_progress``)
         shelf.publish_state(key, ExecutionState.RUNNING, worker=worker, started_at=now)
         return TAKE_ACQUIRED
     if not slots:

@@ -359,10 +359,9 @@ class MemoryStore(HeldCalls):
                     worker=effect.worker,
                     started_at=effect.now,
                 )
-                if held.redelivered:
-                    shelf.progress[item.key] = ProgressRecord()
-                else:  # (its run may have started with the claim, and reported)
-                    shelf.progress.setdefault(item.key, ProgressRecord())
+                if held.redelivered:  # (progress 0 of 100 until a report: ``get_progress``)
+                    shelf.progress.pop(item.key, None)
+                # (else its run may have started with the claim, and reported)
                 shelf.publish_state(
                     item.key, ExecutionState.RUNNING, worker=effect.worker, started_at=effect.now
                 )
@@ -518,7 +517,14 @@ class MemoryStore(HeldCalls):
         return self.shelf.records.get(key)
 
     async def get_progress(self, key: str) -> ProgressRecord | None:
-        return self.shelf.progress.get(key)
+        # a running key's progress is made by its first report: until then
+        # it reads as 0 of 100 (as inspect.lua's 'progress' does)
+        progress = self.shelf.progress.get(key)
+        if progress is None:
+            record = self.shelf.records.get(key)
+            if record is not None and record.state is ExecutionState.RUNNING:
+                return ProgressRecord()
+        return progress
 
     async def report_progress(
         self,

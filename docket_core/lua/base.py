@@ -434,7 +434,7 @@ class ScriptedStore(HeldCalls, abc.ABC):
         return parse_record(key, await self.hash_fields(self.layout.run_key(key)))
 
     async def get_progress(self, key: str) -> ProgressRecord | None:
-        return parse_progress(await self.hash_fields(self.layout.progress_key(key)))
+        return parse_progress(await self._look("inspect", "progress", key))
 
     async def report_progress(
         self,

@@ -9,6 +9,10 @@
 --                  messages, workers {name, score, tasks}, counts {queued,
 --                  held, scheduled, parked, dead letters}}; each list holds
 --                  at most `limit`, the counts are the true totals
+--   'progress' -> the progress hash of key ARGV[4] (HGETALL's fields), or,
+--                 when its run has reported none and runs, current 0 and
+--                 total 100 (DEFAULT_PROGRESS_TOTAL, docket_core/sansio/
+--                 values.py), as a claim once wrote them (mark_running)
 local what, limit = ARGV[3], tonumber(ARGV[4])
 if what == 'pending' then
   return redis.call('XLEN', Q) + redis.call('ZCARD', DUE) + redis.call('SCARD', P .. ':parked')
@@ -27,6 +31,14 @@ if what == 'depths' then
   local due = redis.call('ZCOUNT', DUE, '-inf', now)
   local later = redis.call('ZCARD', DUE) - due + redis.call('SCARD', P .. ':parked')
   return {math.max(redis.call('XLEN', Q) - held, 0) + due, later, held}
+end
+if what == 'progress' then
+  local key = ARGV[4]
+  local fields = redis.call('HGETALL', prog_key(key))
+  if #fields == 0 and redis.call('HGET', run_key(key), 'state') == 'running' then
+    return {'current', '0', 'total', '100'}
+  end
+  return fields
 end
 if what ~= 'snapshot' or not limit or limit < 1 then error('docket: unknown inspection') end
 local held_total, pending = held_count(), {}
