@@ -283,7 +283,8 @@ local function enqueue(key, fn, payload, when, attempt, gen, also)
   else
     redis.call('HSET', run_key(key), 'state', 'queued', 'sid', sid)
   end
-  publish(key, {type = 'state', state = 'queued', when = tonumber(when or '')})
+  publish_head(key, state_head('queued', 'when', when or ''),
+               {type = 'state', state = 'queued', when = tonumber(when or '')})
   return sid
 end
 

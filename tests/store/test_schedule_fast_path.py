@@ -209,3 +209,23 @@ def test_a_malformed_call_fails_alike_and_writes_nothing(
     fast, body = twins.both(blob, count)
     assert fast[0] == "error" and fast == body
     assert twins.state("fast") == twins.state("body") == {}
+
+
+@pytest.mark.parametrize("due_in", [0.0, 60.0])
+def test_the_state_event_carries_the_key_and_the_time_as_json(
+    client: redis.Redis, due_in: float
+) -> None:
+    """The events the scripts write by hand (the fast path's queued one, the
+    body's queued and scheduled ones) are the JSON cjson would write: a key
+    that needs escaping arrives as it was, and the due time to 14 digits."""
+    twins = Twins(client)
+    key = 'a "quoted" \\ key, é ✓\t'
+    fields = message(key, due_in=due_in)
+    when = float(fields[3])
+    twins.both(pack_batch(fields))
+    events = twins.events()
+    state = "queued" if due_in == 0 else "scheduled"
+    for which in ("fast", "body"):
+        (event,) = events[which]
+        assert event.pop("when") == pytest.approx(when, abs=1e-3)
+        assert event == {"type": "state", "state": state, "key": key}
