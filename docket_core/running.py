@@ -511,7 +511,7 @@ def frozen_heap(enabled: bool) -> Iterator[None]:
     no-op drain.  The cost: a reference cycle among the frozen objects that
     becomes garbage while the block runs is collected only after it (objects
     without cycles are freed as always), and so is one that was garbage
-    already in the old generation when it began: a full collection there
+    already in the oldest generation when it began: a full collection there
     would walk the whole heap, 20-30 ms of CPU before the first task starts,
     while one of the young generations takes well under a millisecond.
     Young cycles wait a little longer.  Freezing and the threshold are

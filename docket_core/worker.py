@@ -133,7 +133,9 @@ class Worker(BatchSending):
         and no full collection pauses over the application's heap);
         ``docket worker`` sets it, since its process is
         the worker's own.  A reference cycle among those objects that becomes
-        garbage meanwhile is collected only once the worker stops."""
+        garbage meanwhile, or that was garbage already in the oldest
+        generation when the worker started, is collected only after the
+        worker stops."""
         self.docket = docket
         self.freeze_gc = freeze_gc
         self.drain_timeout = drain_timeout

@@ -11,7 +11,7 @@ if ARGV[3] == '' and string.match(ARGV[5] or '', '^%d+$') and #ARGV[4] >= 48 the
   local f = {struct.unpack('<' .. string.rep('I4c0', 12), blob, 1)}
   local when, now = tonumber(f[4]), tonumber(f[7])
   if f[13] == #blob + 1 and f[8] == '' and f[9] == '' and f[10] == '' and when and now
-     and when <= now and when > -math.huge
+     and when <= now and when > -math.huge and when < math.huge
      and redis.call('EXISTS', P .. ':closing', P .. ':closed') == 0 then
     local key = f[1]
     local run = P .. ':run:' .. key
