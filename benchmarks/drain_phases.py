@@ -25,12 +25,11 @@ import argparse
 import time
 import uuid
 from collections import Counter
-from datetime import timedelta
 
 import anyio
-from drain_server import private_server
+from drain_server import drain_worker, private_server
 
-from docket_core import ConcurrencyLimit, Docket, Worker
+from docket_core import ConcurrencyLimit, Docket
 
 
 async def drain(url: str, args: argparse.Namespace) -> None:
@@ -52,13 +51,7 @@ async def drain(url: str, args: argparse.Namespace) -> None:
         async with docket.batch() as batch:
             for n in range(args.tasks):
                 batch.add(function)(n % args.keys)
-        worker = Worker(
-            docket,
-            concurrency=100,
-            minimum_check_interval=timedelta(milliseconds=10),
-            schedule_automatic_tasks=False,
-            freeze_gc=True,
-        )
+        worker = drain_worker(docket)
         samples: Counter[str] = Counter()
         taken = 0
 

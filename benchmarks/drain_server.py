@@ -69,6 +69,19 @@ async def one_run(url: str, tasks: int, concurrency: int) -> tuple[float, float,
     return enqueue, drain_wall, drain_cpu
 
 
+def drain_worker(docket: Docket) -> Worker:
+    """One worker as the sampling drains run it (``drain_phases.py``,
+    ``drain_timeline.py``): concurrency 100, a 10 ms check interval and a
+    frozen heap, as ``run.py``'s tuned profile."""
+    return Worker(
+        docket,
+        concurrency=100,
+        minimum_check_interval=timedelta(milliseconds=10),
+        schedule_automatic_tasks=False,
+        freeze_gc=True,
+    )
+
+
 # -- a private server (the minimal part of tests/servers.py; benchmarks don't import tests) --
 
 

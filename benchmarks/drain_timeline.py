@@ -27,13 +27,12 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any
 
 import anyio
-from drain_server import private_server
+from drain_server import drain_worker, private_server
 
-from docket_core import ConcurrencyLimit, Docket, Worker, running
+from docket_core import ConcurrencyLimit, Docket, running
 from docket_core.sansio.effects import Claim, Finish, StoreEffect
 from docket_core.sansio.local_slots import SlotStep
 
@@ -154,13 +153,7 @@ async def drain(url: str, args: argparse.Namespace, limited: bool) -> None:
             for n in range(args.tasks):
                 batch.add(function)(n % args.keys)
         watch(docket, timeline)
-        worker = Worker(
-            docket,
-            concurrency=100,
-            minimum_check_interval=timedelta(milliseconds=10),
-            schedule_automatic_tasks=False,
-            freeze_gc=True,
-        )
+        worker = drain_worker(docket)
         running.Runner.start = timed_start  # type: ignore[method-assign]
         try:
             began, cpu = time.perf_counter(), time.process_time()
