@@ -2,11 +2,19 @@
 
 The worker's loops decide nothing about a run: the core (``WorkerMachine``)
 says when a delivery starts (``StartTask``) and when it must stop
-(``CancelTask``).  ``Runner.start`` hands a start to an idle runner task (or
-to a new one when all are busy), and the runner carries it out: it resolves
-the task's dependencies, calls the function, records metrics and the span,
-logs the run's lines (``worker_logs``) and reports how it ended
-(``TaskEnded``); then it waits for the next start.
+(``CancelTask``).  ``Runner.start`` queues a start, and a runner task carries
+it out: it resolves the task's dependencies, calls the function, records
+metrics and the span, logs the run's lines (``worker_logs``) and reports how
+it ended (``TaskEnded``); then it takes the next start queued, or waits idle.
+
+Starts are handed over in a chain: a runner task that takes a start while
+more are queued calls one more runner (waking an idle one, or starting a
+task when none is idle), unless one is called already.  A start that runs
+to its end without waiting (a short task) is followed by the next one in the
+same runner task, with no wake-up at all; one that waits lets the called
+runner take the next.  So a batch of short starts costs one or two
+wake-ups, not one each, and a batch of long ones starts each as soon as the
+one before it waits, as a wake-up each would.
 
 Runner tasks are shielded from the worker's own cancellation (a stopping
 worker drains its tasks).  Each runs its calls inside one cancel scope, kept
@@ -42,6 +50,7 @@ import gc
 import importlib
 import inspect
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
@@ -70,17 +79,6 @@ __all__ = ["LOOPS", "Runner", "decode", "frozen_heap", "loop_options"]
 
 #: one started delivery: its id, the function, the execution and the call's headers
 Job = tuple[str, Callable[..., Any], Execution, dict[str, str]]
-
-
-class _Seat:
-    """Where an idle runner task waits: the job it is handed and its waiter
-    (an asyncio future, or an ``anyio.Event`` on other loops)."""
-
-    __slots__ = ("job", "waiter")
-
-    def __init__(self) -> None:
-        self.job: Job | None = None
-        self.waiter: Any = None
 
 
 class Runner:
@@ -119,8 +117,14 @@ class Runner:
         self.log_extra = worker_logs.worker_extra(self.docket.name, worker.name)
         #: task name -> the metric labels of its runs here
         self.labels: dict[str, dict[str, str]] = {}
-        #: the runner tasks waiting for a job, the last one to finish first
-        self.idle: list[_Seat] = []
+        #: the starts queued for a runner task, oldest first
+        self.jobs: deque[Job] = deque()
+        #: the waiters of the idle runner tasks (an asyncio future, or an
+        #: ``anyio.Event`` on other loops), the last one to finish first
+        self.idle: list[Any] = []
+        #: runner tasks called (woken or started) that have not looked at
+        #: ``jobs`` yet
+        self.called = 0
         #: the runs handed to a runner task that has not begun them yet (a
         #: ``CancelTask`` for one is kept in ``stops`` until it does)
         self.waiting: set[str] = set()
@@ -151,64 +155,80 @@ class Runner:
         execution: Execution,
         headers: dict[str, str],
     ) -> None:
-        """Run a started delivery's function: hand it to an idle runner task,
-        or start one more when every runner is busy."""
-        job = (delivery_id, function, execution, headers)
+        """Queue a started delivery's run, and call a runner task for it
+        unless one is called already."""
         self.waiting.add(delivery_id)
+        self.jobs.append((delivery_id, function, execution, headers))
+        if not self.called:
+            self._call()
+
+    def _call(self) -> None:
+        """Wake an idle runner task, or start one more when none is idle."""
+        self.called += 1
         idle = self.idle
         while idle:
-            seat = idle.pop()
+            waiter = idle.pop()
             if self._loop is None:
-                seat.job = job
-                seat.waiter.set()
+                waiter.set()
                 return
-            if not seat.waiter.done():  # (else its runner is being cancelled: stopping)
-                seat.job = job
-                seat.waiter.set_result(None)
+            if not waiter.done():  # (else its runner is being cancelled: stopping)
+                waiter.set_result(None)
                 return
-        self.spawn(partial(self._serve, job))
+        self.spawn(self._serve)
 
-    async def _serve(self, job: Job) -> None:
-        """One runner task: run ``job``, then whatever it is handed next.
+    async def _serve(self) -> None:
+        """One runner task: run the queued starts, one after another, waiting
+        idle while there are none.
 
         Its runs share a cancel scope until a ``CancelTask`` cancels one (the
         scope is then spent: the next run gets a fresh one)."""
-        seat = _Seat()
+        self.called -= 1  # (a new task answers the call that started it)
         clean = contextvars.copy_context()
         while True:
             with anyio.CancelScope() as scope:
                 while True:
-                    if await self._run(job, scope):
+                    if await self._run(await self._take(), scope):
                         break  # (the scope was cancelled: it is spent)
                     if contextvars.copy_context() != clean:
-                        return  # the run left context behind: the next one gets a new task
-                    job = await self._next(seat)
+                        break  # the run left context behind: the next one gets a new task
             if contextvars.copy_context() != clean:
+                # (a runner that retires hands the starts queued on)
+                if self.jobs and not self.called:
+                    self._call()
                 return
-            job = await self._next(seat)
 
-    async def _next(self, seat: _Seat) -> Job:
-        """Wait, idle, until ``start`` hands this runner a job."""
-        seat.job = None
-        idle = self.idle
-        try:
-            if self._loop is not None:
-                seat.waiter = self._loop.create_future()
-                idle.append(seat)
-                await seat.waiter
-            else:
-                seat.waiter = anyio.Event()
-                idle.append(seat)
-                await seat.waiter.wait()
-        except BaseException:
-            # (cancelled: the worker stops; a job handed over just now is
-            # abandoned with the rest, and the store hands it out again)
-            if seat in idle:
-                idle.remove(seat)
-            raise
-        job = seat.job
-        assert job is not None
+    async def _take(self) -> Job:
+        """The oldest queued start, once there is one; a start left queued
+        behind it gets a runner called for it."""
+        jobs = self.jobs
+        while not jobs:
+            await self._idle()
+        job = jobs.popleft()
+        if jobs and not self.called:
+            self._call()
         return job
+
+    async def _idle(self) -> None:
+        """Wait, idle, until ``_call`` wakes this runner task."""
+        idle = self.idle
+        waiter: Any
+        if self._loop is not None:
+            waiter = self._loop.create_future()
+            idle.append(waiter)
+            wait = waiter
+        else:
+            waiter = anyio.Event()
+            idle.append(waiter)
+            wait = waiter.wait()
+        try:
+            await wait
+        except BaseException:
+            # (cancelled: the worker stops; the starts still queued are
+            # abandoned with the rest, and the store hands them out again)
+            if waiter in idle:
+                idle.remove(waiter)
+            raise
+        self.called -= 1
 
     # -- one run ---------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ signals into inputs; the *signal* loop turns SIGTERM and SIGINT into a drain
 (the second one into a stop without draining).  The worker keeps its
 ``health`` (``health.HealthState``) from what these loops see.  Task
 functions run on a few long-lived runner tasks (``running.Runner``: a
-``StartTask`` hands its run to an idle one), shielded from the worker's own
+``StartTask`` queues its run, and a runner takes it), shielded from the worker's own
 cancellation so a stopping worker drains them instead of killing them; a
 ``CancelTask`` cancels only its run.  The log lines are pydocket's
 (``worker_logs``).

@@ -56,6 +56,46 @@ async def test_runs_reuse_a_few_runner_tasks(docket: Docket) -> None:
     assert 1 <= len(tasks) <= 4
 
 
+async def test_short_runs_handed_over_together_follow_one_another_in_one_runner_task(
+    docket: Docket,
+) -> None:
+    # a read hands over a batch of starts at once: a run that never waits is
+    # followed by the next one in the same runner task, with no wake-up
+    tasks: list[int] = []
+
+    async def short() -> None:
+        tasks.append(anyio.get_current_task().id)
+
+    for _ in range(40):
+        await docket.add(short)()
+    worker = make_worker(docket, concurrency=40)
+    await finish(worker, 5.0)
+    assert worker.counters["succeeded"] == 40
+    assert len(tasks) == 40
+    # (one runner task a start would give 40; the batch may come in a few reads)
+    assert len(set(tasks)) <= 4
+
+
+async def test_runs_that_wait_each_get_a_runner_task_of_their_own(docket: Docket) -> None:
+    # the chain of hand-overs: each run that waits lets another runner task
+    # take the next start, so all of them run at once
+    started: list[int] = []
+    everyone = anyio.Event()
+
+    async def waits() -> None:
+        started.append(anyio.get_current_task().id)
+        if len(started) == 30:
+            everyone.set()
+        await everyone.wait()
+
+    for _ in range(30):
+        await docket.add(waits)()
+    worker = make_worker(docket, concurrency=30)
+    await finish(worker, 5.0)
+    assert worker.counters["succeeded"] == 30
+    assert len(set(started)) == 30
+
+
 async def test_a_context_variable_a_run_leaves_set_does_not_reach_the_next_run(
     docket: Docket,
 ) -> None:
