@@ -18,7 +18,8 @@ sub-namespaces, so no task key can collide with an internal key):
 ``P:msg:<key>``         hash    the scheduled message of a task key
 ``P:run:<key>``         hash    the task key's record (state, generation, result...)
 ``P:prog:<key>``        hash    progress of a running task, made by its first
-                                report (none: 0 of 100 while it runs)
+                                report (none: 0 of 100 while it runs), which
+                                marks the record ``prog``: its end deletes it
 ``P:parked``            set     task keys parked behind a full limit without
                                 a scope
 ``P:waiters:<S>|<l>``   zset    task key -> when it parked, the keys of this

@@ -340,7 +340,7 @@ local function reschedule(a, at)
   end
   unqueue(a.key)
   redis.call('HDEL', run, 'worker', 'started', 'completed', 'error', 'result', 'cancel',
-             'slot', 'pin')
+             'slot', 'pin', 'prog')
   redis.call('PERSIST', run)
   redis.call('DEL', prog_key(a.key))
   local gen = next_generation()

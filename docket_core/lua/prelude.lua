@@ -386,12 +386,14 @@ end
 -- an ended record: its progress goes, and the scoped slot its run held
 -- (ConfirmSlot's 'slot' and 'pin'); the record lives ttl seconds more.
 -- `forget` (optional): one more field of the record to remove with those
--- `bare`: the caller knows the record has none of those fields
+-- `bare`: the caller knows the record has none of those fields, nor the
+-- mark 'prog' (progress.lua's: the run reported progress), and so that the
+-- key has no progress to delete
 local function conclude(key, ttl, forget, bare)
   local run = run_key(key)
-  redis.call('DEL', prog_key(key))
+  if not bare then redis.call('DEL', prog_key(key)) end
   if tonumber(ttl) > 0 then
-    if not bare then redis.call('HDEL', run, 'slot', 'pin', forget or 'slot') end
+    if not bare then redis.call('HDEL', run, 'slot', 'pin', 'prog', forget or 'slot') end
     redis.call('PEXPIRE', run, math.floor(tonumber(ttl) * 1000))
   else
     redis.call('DEL', run)
@@ -404,7 +406,7 @@ end
 -- (recorded) or 0
 local function record_end(key, gen, state, now, ttl, err, has_result, result)
   local run = run_key(key)
-  local record = redis.call('HMGET', run, 'g', 'slot', 'pin', 'cancel')
+  local record = redis.call('HMGET', run, 'g', 'slot', 'pin', 'cancel', 'prog')
   if tonumber(record[1] or '-1') ~= gen then return 0 end
   local fields = {'state', state, 'completed', now}
   local event = {type = 'state', state = state, completed_at = tonumber(now)}
@@ -417,7 +419,7 @@ local function record_end(key, gen, state, now, ttl, err, has_result, result)
     fields[#fields + 1] = result
   end
   redis.call('HSET', run, unpack(fields))
-  conclude(key, ttl, 'cancel', not (record[2] or record[3] or record[4]))
+  conclude(key, ttl, 'cancel', not (record[2] or record[3] or record[4] or record[5]))
   publish_head(key, err == '' and state_head(state, 'completed_at', now) or nil, event)
   return 1
 end

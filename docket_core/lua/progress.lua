@@ -2,7 +2,8 @@
 -- clear_message, generation.  Empty strings mean "unchanged"; a generation
 -- that is no longer the key's (a superseded run) changes nothing.
 -- An empty message, like clear_message, clears it.
--- Returns {current, total, message, updated}.
+-- Returns {current, total, message, updated}.  A live record is marked
+-- 'prog' (its end deletes the progress then).
 local key, now = ARGV[3], ARGV[4]
 local prog = prog_key(key)
 -- '100' below: DEFAULT_PROGRESS_TOTAL (docket_core/sansio/values.py)
@@ -19,6 +20,10 @@ redis.call('HSET', prog, 'updated', now)
 if redis.call('TTL', run_key(key)) >= 0 or redis.call('EXISTS', run_key(key)) == 0 then
   -- no live record: keep stray progress from leaking
   redis.call('PEXPIRE', prog, 3600000)
+else
+  -- a live record: its end deletes the progress it finds this mark of
+  -- (record_end; a run that reports none spares the server that DEL)
+  redis.call('HSET', run_key(key), 'prog', '1')
 end
 local r = redis.call('HMGET', prog, 'current', 'total', 'message')
 local current, total = tonumber(r[1] or '0'), tonumber(r[2] or '100')

@@ -77,7 +77,7 @@ local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect,
     -- never expire), so a new key skips this part
     unqueue(key)
     redis.call('HDEL', run, 'worker', 'started', 'completed', 'error', 'result', 'cancel',
-               'slot', 'pin')
+               'slot', 'pin', 'prog')
     redis.call('PERSIST', run)
   end
   -- (progress reported for a key without a record is dropped too)

@@ -11,6 +11,7 @@ import pytest
 from helpers import make_worker
 
 from docket_core import Docket, Progress
+from docket_core.execution import ExecutionProgress
 from docket_core.lua.entries import parse_progress
 from docket_core.sansio.values import DEFAULT_PROGRESS_TOTAL, ProgressRecord
 
@@ -61,3 +62,26 @@ async def test_a_claimed_execution_reports_the_default(docket: Docket) -> None:
     assert seen == [(0, DEFAULT_PROGRESS_TOTAL)]
     await execution.sync()
     assert execution.progress.current is None
+
+
+@pytest.mark.parametrize("reporter", ["task", "outside"])
+async def test_the_progress_a_run_reported_goes_at_its_end(docket: Docket, reporter: str) -> None:
+    """Progress reported while a run runs, by the task or from outside it, is
+    deleted when the run ends (on Redis and Valkey the report marks the
+    record, and only a marked record's end deletes progress)."""
+
+    async def task(progress: Progress = Progress()) -> None:
+        if reporter == "task":
+            await progress.set_total(5)
+            await progress.increment(2)
+        else:
+            outside = await ExecutionProgress.create(docket, "reported")
+            await outside.increment(3)
+        record = await docket.adapter.get_progress("reported")
+        assert record is not None and record.current in (2, 3)
+
+    await docket.add(task, key="reported")()
+    async with make_worker(docket) as worker:
+        await worker.run_until_finished()
+    assert worker.counters["succeeded"] == 1
+    assert await docket.adapter.get_progress("reported") is None
