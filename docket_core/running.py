@@ -125,6 +125,8 @@ class Runner:
         #: runner tasks called (woken or started) that have not looked at
         #: ``jobs`` yet
         self.called = 0
+        #: the worker stops without draining (``close``): nothing more starts
+        self.closed = False
         #: the runs handed to a runner task that has not begun them yet (a
         #: ``CancelTask`` for one is kept in ``stops`` until it does)
         self.waiting: set[str] = set()
@@ -157,13 +159,24 @@ class Runner:
     ) -> None:
         """Queue a started delivery's run, and call a runner task for it
         unless one is called already."""
+        if self.closed:
+            return  # (abandoned: the store hands it out again)
         self.waiting.add(delivery_id)
         self.jobs.append((delivery_id, function, execution, headers))
         if not self.called:
             self._call()
 
+    def close(self) -> None:
+        """The worker stops without draining: the starts queued are abandoned
+        with the rest (the store hands them out again), and no runner task
+        is called or started any more."""
+        self.closed = True
+        self.jobs.clear()
+
     def _call(self) -> None:
         """Wake an idle runner task, or start one more when none is idle."""
+        if self.closed:
+            return
         self.called += 1
         idle = self.idle
         while idle:

@@ -623,7 +623,7 @@ class Worker(BatchSending):
         while not self._finished.is_set():
             with anyio.move_on_after(0.05):
                 await self._finished.wait()
-            if self._scopes:
+            if self._scopes or self._runner.jobs:
                 idle_since = None
             elif idle_since is None:
                 idle_since = time.monotonic()
@@ -636,6 +636,7 @@ class Worker(BatchSending):
         hands out again what this worker held once its leases lapse."""
         machine = self._machine
         assert machine is not None
+        self._runner.close()  # (first: a runner a cancelled run frees takes nothing more)
         for scope in self._background:
             scope.cancel()
         for scope in self._scopes.values():

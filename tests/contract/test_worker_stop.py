@@ -5,6 +5,7 @@ a second SIGTERM or SIGINT (the runs it abandons are handed out again)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -60,6 +61,44 @@ async def test_a_drain_timeout_cancels_what_still_runs_and_leaves_it_to_redelive
     await finish(make_worker(docket, redelivery_timeout=timedelta(seconds=1)), limit=10)
     assert runs == [1, 1]
     assert await execution.get_result() == "done"
+
+
+async def test_a_stop_without_draining_starts_none_of_the_runs_it_abandons(
+    docket: Docket, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a batch of runs that wait is started one by one, each as the one before
+    # it waits (running.Runner's chain): a stop without draining comes while
+    # most are still queued, and abandons them with the rest
+    started: list[int] = []
+    first = anyio.Event()
+
+    async def waits(i: int) -> None:
+        started.append(i)
+        first.set()
+        await anyio.sleep(3600)
+
+    docket.register(waits)
+    for i in range(40):
+        await docket.add(waits, key=f"waits-{i}")(i)
+    worker = make_worker(
+        docket, concurrency=40, drain_timeout=timedelta(0), schedule_automatic_tasks=False
+    )
+    caplog.set_level(logging.INFO)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(worker.run_forever)
+            await first.wait()
+            group.cancel_scope.cancel()
+    at_stop = len(started)
+    await anyio.sleep(0.2)
+    assert len(started) == at_stop  # nothing it abandoned starts after it stopped
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    for i in range(40):  # nothing recorded as ended: the store hands them all out again
+        stored = await docket.get_execution(f"waits-{i}")
+        assert stored is not None and stored.state in (
+            ExecutionState.QUEUED,
+            ExecutionState.RUNNING,
+        )
 
 
 WORKER_SCRIPT = textwrap.dedent(
