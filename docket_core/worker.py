@@ -392,6 +392,7 @@ class Worker(BatchSending):
                         await self._drained()
                     if not machine.quiet:
                         self._abandon()
+                    self._runner.close()  # (no runner task starts after the pass below)
                     for scope in self._background:
                         scope.cancel()
 
