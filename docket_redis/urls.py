@@ -43,6 +43,12 @@ SENTINEL_SCHEMES = ("redis+sentinel",)
 #: is for blocking reads and pub/sub); ``?max_connections=`` sets the pool size
 MAX_CONNECTIONS = 50
 POOL_TIMEOUT = 30.0
+#: how long a new data connection may take to connect (redis-py's default is
+#: 5 s): as long as a command waits for a pooled one.  An event loop busy with
+#: thousands of adds may not see a connect that succeeded for seconds, and a
+#: refused one fails at once whatever this is; ``?socket_connect_timeout=``
+#: sets it
+CONNECT_TIMEOUT = POOL_TIMEOUT
 #: socket timeouts for the sentinels (a dead one must not stall discovery)
 SENTINEL_TIMEOUT = 5.0
 #: the sentinel defaults: replicas each write must reach, and how long to wait
@@ -118,6 +124,7 @@ def _standalone(url: str) -> Client:
             max_connections=MAX_CONNECTIONS,
             timeout=POOL_TIMEOUT,
             socket_timeout=None,
+            socket_connect_timeout=CONNECT_TIMEOUT,
             decode_responses=False,
         )
     except ValueError as error:
@@ -268,7 +275,12 @@ def _cluster(url: str) -> Client:
         username=nodes.username,
         password=nodes.password,
         max_connections=size,
-        **{"socket_timeout": None, **options, "decode_responses": False},
+        **{
+            "socket_timeout": None,
+            "socket_connect_timeout": CONNECT_TIMEOUT,
+            **options,
+            "decode_responses": False,
+        },
     )
     return Client(client=client, max_commands=commands)
 
@@ -311,7 +323,12 @@ def _sentinel(url: str) -> Client:
         username=nodes.username,
         password=nodes.password,
         max_connections=size,
-        **{"socket_timeout": None, **options, "decode_responses": False},
+        **{
+            "socket_timeout": None,
+            "socket_connect_timeout": CONNECT_TIMEOUT,
+            **options,
+            "decode_responses": False,
+        },
     )
     return Client(
         client=client,

@@ -130,15 +130,21 @@ async def test_a_redis_url_gets_a_bounded_waiting_pool(docket_url: str) -> None:
     from docket_redis.store import MAX_CONNECTIONS, POOL_TIMEOUT
 
     default = RedisStore.from_url(docket_url, name="pools")
-    tuned = RedisStore.from_url(f"{docket_url}?max_connections=7&timeout=2.5", name="pools")
+    tuned = RedisStore.from_url(
+        f"{docket_url}?max_connections=7&timeout=2.5&socket_connect_timeout=1.5", name="pools"
+    )
     try:
         assert isinstance(default.client, Redis) and isinstance(tuned.client, Redis)
         pool = default.client.connection_pool
         assert isinstance(pool, BlockingConnectionPool)
         assert (pool.max_connections, pool.timeout) == (MAX_CONNECTIONS, POOL_TIMEOUT)
+        # a new connection may take as long to connect as a command waits for
+        # one (redis-py's 5 s failed adds on a loop busy with 10,000 of them)
+        assert pool.connection_kwargs["socket_connect_timeout"] == POOL_TIMEOUT
         pool = tuned.client.connection_pool
         assert isinstance(pool, BlockingConnectionPool)
         assert (pool.max_connections, pool.timeout) == (7, 2.5)
+        assert pool.connection_kwargs["socket_connect_timeout"] == 1.5
     finally:
         await default.close()
         await tuned.close()
