@@ -125,7 +125,7 @@ class Runner:
         #: runner tasks called (woken or started) that have not looked at
         #: ``jobs`` yet
         self.called = 0
-        #: the worker stops without draining (``close``): nothing more starts
+        #: the worker stops (``close``): nothing more starts
         self.closed = False
         #: the runs handed to a runner task that has not begun them yet (a
         #: ``CancelTask`` for one is kept in ``stops`` until it does)
@@ -167,9 +167,10 @@ class Runner:
             self._call()
 
     def close(self) -> None:
-        """The worker stops without draining: the starts queued are abandoned
-        with the rest (the store hands them out again), and no runner task
-        is called or started any more."""
+        """The worker stops (``Worker._abandon`` first, when it stops without
+        draining): the starts still queued are abandoned with the rest (the
+        store hands them out again), and no runner task is called or started
+        any more."""
         self.closed = True
         self.jobs.clear()
 
