@@ -63,6 +63,7 @@ from .sansio.effects import (
 from .sansio.errors import StoreError, UsageError
 from .sansio.flight import Count
 from .sansio.inputs import (
+    AbandonRequested,
     Arrival,
     CancelRequested,
     ReadDone,
@@ -632,12 +633,18 @@ class Worker(BatchSending):
                 return
 
     def _abandon(self) -> None:
-        """Stop without draining: send nothing more (the flusher goes first),
-        and cancel the running tasks without recording their end; the store
-        hands out again what this worker held once its leases lapse."""
+        """Stop without draining: send nothing more (the machine hands out
+        nothing from here on, and the flusher goes first), and cancel the
+        running tasks without recording their end; the store hands out again
+        what this worker held once its leases lapse."""
         machine = self._machine
         assert machine is not None
-        self._runner.close()  # (first: a runner a cancelled run frees takes nothing more)
+        left = len(machine.in_flight)
+        if machine.failed is None:
+            # (first: a batch a loop takes after this, before it sees its
+            # cancellation, holds nothing, nor does a cancelled run's end)
+            machine.receive(AbandonRequested(now=time.time()))
+        self._runner.close()  # (a runner a cancelled run frees takes nothing more)
         for scope in self._background:
             scope.cancel()
         for scope in self._scopes.values():
@@ -647,7 +654,7 @@ class Worker(BatchSending):
             "to redelivery",
             self.name,
             len(self._scopes),
-            len(machine.in_flight),
+            left,
         )
 
     async def _seed_automatic(self) -> None:

@@ -164,6 +164,15 @@ class ShutdownRequested(Input):
 
 
 @attrs.frozen(slots=True, kw_only=True)
+class AbandonRequested(Input):
+    """Stop at once, without draining: nothing more goes to the store, not
+    even the end of a run still going (it ends unrecorded); the store hands
+    out again what this worker holds once its leases lapse."""
+
+    now: float
+
+
+@attrs.frozen(slots=True, kw_only=True)
 class ReadDone(Input):
     """Outcome of ``Read``: the deliveries (prepared by the runtime), the
     ``when`` of the soonest future message, and, when the read asked and

@@ -60,6 +60,7 @@ from .effects import (
 from .errors import InternalError
 from .flight import Count, InFlight, WorkerConfig, moving_mean
 from .inputs import (
+    AbandonRequested,
     Arrival,
     BlockedAction,
     Buried,
@@ -132,6 +133,8 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         self._timeouts = 0
         self.accepting = True
         self.said_goodbye = False
+        #: stopped without draining (``AbandonRequested``): hands out nothing more
+        self.abandoned = False
         docket = f"{config.docket}/" if config.docket else ""
         self._holder_prefix = f"{docket}{config.name}/"
         self.outbox = Outbox(
@@ -249,6 +252,9 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         ``batch_turn`` says when the runtime writes the batch."""
         if self.failed is not None:
             self._refuse()
+        if self.abandoned:
+            self._effects = []
+            return []
         if self._read_due is not None:
             now, self._read_due = self._read_due, None
             if self._backlog:
@@ -283,7 +289,9 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         ) from error
 
     def _receive(self, event: Input) -> None:
-        if type(event) is TaskEnded:
+        if self.abandoned:
+            self._after_abandon(event)
+        elif type(event) is TaskEnded:
             self._runs -= 1
             flight = self.in_flight.get(event.delivery_id)
             if flight is not None:  # (the mean run time: ``read_steps._room``)
@@ -311,6 +319,11 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
             self.outbox.stop()
             self._waited(event.now, everyone=True)
             self._maybe_goodbye(event.now)
+        elif type(event) is AbandonRequested:
+            self.accepting = False
+            self.abandoned = True
+            self.outbox.stop()
+            self._effects = []
         elif type(event) is ReadFailed:
             assert isinstance(event, ReadFailed)
             self.counters[Count.STORE_ERRORS] += 1
@@ -324,12 +337,23 @@ class WorkerMachine(ReadSteps, SlotSteps, LeaseSteps):
         else:
             raise TypeError(f"not an input the worker machine takes: {event!r}")
 
+    def _after_abandon(self, event: Input) -> None:
+        """An abandoned worker's runs end unrecorded; it takes nothing else."""
+        if type(event) is TaskEnded:
+            self._runs -= 1
+            self._rescheduled, self._rescheduled_if = False, None
+            if self.in_flight.pop(event.delivery_id, None) is not None:
+                self.counters[Count.ABANDONED] += 1
+
     def store_replied(
         self, effects: Sequence[StoreEffect], outcomes: Sequence[Outcome], now: float
     ) -> None:
-        """Take the outcomes of store effects this machine produced, in order."""
+        """Take the outcomes of store effects this machine produced, in order
+        (an abandoned worker's are left unheard: it acts on nothing more)."""
         if self.failed is not None:
             self._refuse()
+        if self.abandoned:
+            return
         try:
             self._store_replied(effects, outcomes, now)
         except BaseException as error:

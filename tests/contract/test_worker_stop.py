@@ -93,6 +93,12 @@ async def test_a_stop_without_draining_starts_none_of_the_runs_it_abandons(
     await anyio.sleep(0.2)
     assert len(started) == at_stop  # nothing it abandoned starts after it stopped
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    for i in range(40):  # nothing recorded as ended: the store hands them all out again
+        stored = await docket.get_execution(f"waits-{i}")
+        assert stored is not None and stored.state in (
+            ExecutionState.QUEUED,
+            ExecutionState.RUNNING,
+        )
 
 
 WORKER_SCRIPT = textwrap.dedent(

@@ -55,6 +55,7 @@ from docket_core.sansio.effects import (
     WakeParked,
 )
 from docket_core.sansio.inputs import (
+    AbandonRequested,
     Arrival,
     Cancelled,
     CancelRequested,
@@ -533,6 +534,24 @@ class ConcurrencyMachine(RuleBasedStateMachine):
     def crash(self, worker: str) -> None:
         sim = self.sims[worker]
         if sim.alive:
+            self.crash_sim(sim)
+        self.after_step()
+
+    @rule(worker=consumes(workers))
+    def abandon(self, worker: str) -> None:
+        """A stop without draining: the runs still going end cancelled, and
+        nothing more reaches the store (then the process exits); the store
+        hands out again what the worker held."""
+        sim = self.sims[worker]
+        if sim.alive:
+            machine = sim.machine
+            machine.receive(AbandonRequested(now=self.now))
+            for delivery_id in list(sim.running):
+                machine.receive(
+                    TaskEnded(delivery_id=delivery_id, now=self.now, outcome=TaskOutcome.CANCELLED)
+                )
+            machine.receive(Tick(now=self.now + 60.0))
+            assert machine.effects() == [], "an abandoned worker sent something"
             self.crash_sim(sim)
         self.after_step()
 
