@@ -251,6 +251,8 @@ class GlideStore(ScriptedStore):
         self.configuration = configuration
         self.client = client
         self._owned = client is None
+        #: one server: a read's new entries come with its script
+        self.reads_in_one_trip = not self.cluster
         self._readers: list[Client] = []
 
     @classmethod
@@ -364,6 +366,40 @@ class GlideStore(ScriptedStore):
             raise _store_error(error, "a docket script") from error
         finally:
             inflight.release()
+
+    async def run_read(
+        self, call: ScriptCall, worker: str, count: int
+    ) -> tuple[Any, dict[str, list[tuple[Any, list[Any]]]] | None]:
+        batch = Batch(is_atomic=False)
+        batch.custom_command(
+            ["EVALSHA", _SCRIPTS[call.name].get_hash(), str(len(call.keys)), *call.keys, *call.args]
+        )
+        batch.custom_command(
+            ["XREADGROUP", "GROUP", GROUP, worker, "COUNT", str(count),
+             "STREAMS", self.layout.stream, ">"]
+        )  # fmt: skip
+        inflight = self._inflight or self._limiter()
+        if not inflight.take():
+            await inflight.acquire()
+        try:
+            client = self.client or await self._main()
+            reply, entries = await client.exec(batch, raise_on_error=False) or (None, None)
+            if isinstance(reply, RequestError) and "noscript" in str(reply).lower():
+                # the server lost its scripts: load them, and run the script
+                # again (its read ran: the entries it handed out are here)
+                await _load_scripts(client)
+                (reply,) = await self._run(client, [call])
+        except (*_FAILURES, RequestError) as error:
+            raise _store_error(error, "a docket script") from error
+        finally:
+            inflight.release()
+        if isinstance(reply, Exception):
+            raise _store_error(reply, "a docket script") from reply
+        if isinstance(entries, Exception):
+            if "NOGROUP" in str(entries):
+                return reply, None
+            raise _store_error(entries, "XREADGROUP") from entries
+        return reply, _stream_entries(entries)
 
     async def _run(
         self, client: Client, calls: Sequence[ScriptCall], apart: bool = False

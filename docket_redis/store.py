@@ -219,6 +219,8 @@ class RedisStore(ScriptedStore):
         #: one server, whose scripts need no replica's acknowledgement: a
         #: worker's batches may share one connection (``execute_in_order``)
         self.keeps_order = self._cluster is None and not self._sentinel and not wait_replicas
+        #: one server, no ``WAIT``: a read's new entries come with its script
+        self.reads_in_one_trip = self._cluster is None and not wait_replicas
         self._line: Line | None = None
 
     @classmethod
@@ -335,12 +337,48 @@ class RedisStore(ScriptedStore):
     def same_client(self, other: ScriptedStore) -> bool:
         return isinstance(other, RedisStore) and other.client is self.client
 
+    async def run_read(
+        self, call: ScriptCall, worker: str, count: int
+    ) -> tuple[Any, dict[str, list[tuple[Any, list[Any]]]] | None]:
+        stream = self.layout.stream
+        command = ("XREADGROUP", "GROUP", GROUP, worker, "COUNT", count, "STREAMS", stream, ">")
+        fresh: list[Any] = []
+
+        async def send(calls: Sequence[ScriptCall]) -> list[Any]:
+            if fresh:
+                # (the script again, after a NOSCRIPT: its read ran the first
+                # time, and the entries it handed out are in ``fresh``)
+                return await self._evalsha(calls)
+            replies = await self._send_on_own_connection([*_script_commands(calls), command])
+            fresh.append(replies.pop())
+            _raise_first(replies)
+            return replies
+
+        if self._commands is None:
+            (reply,) = await self._run_calls([call], send=send)
+        else:
+            async with self._commands:
+                (reply,) = await self._run_calls([call], send=send)
+        entries = fresh[0]
+        if isinstance(entries, redis_errors.ResponseError):
+            if "NOGROUP" in str(entries):
+                return reply, None
+            raise _store_error(entries, "XREADGROUP")
+        # RESP2: [[stream, [[id, [f, v, ...]], ...]]]; RESP3: a map; None: nothing new
+        streams = entries.items() if isinstance(entries, dict) else (entries or ())
+        return reply, {text(name): [(e[0], e[1]) for e in items] for name, items in streams}
+
     async def _run_calls(
-        self, calls: Sequence[ScriptCall], apart: bool = False, in_order: bool = False
+        self,
+        calls: Sequence[ScriptCall],
+        apart: bool = False,
+        in_order: bool = False,
+        send: Callable[[Sequence[ScriptCall]], Awaitable[list[Any]]] | None = None,
     ) -> list[Any]:
-        send = self._evalsha_in_order if in_order else self._evalsha
-        if apart:
-            send = self._evalsha_apart
+        if send is None:
+            send = self._evalsha_in_order if in_order else self._evalsha
+            if apart:
+                send = self._evalsha_apart
         try:
             try:
                 return await send(calls)

@@ -164,6 +164,21 @@ class ScriptedStore(HeldCalls, abc.ABC):
         ``(id, [f, v, ...])`` (``{}`` when the time ran out), or ``None`` when
         a stream has no consumer group (the next read script creates it)."""
 
+    #: ``run_read`` sends the read script and a plain read of the new
+    #: entries in one round trip (else the script reads them itself)
+    reads_in_one_trip = False
+
+    async def run_read(
+        self, call: ScriptCall, worker: str, count: int
+    ) -> tuple[Any, dict[str, list[tuple[Any, list[Any]]]] | None]:
+        """The read script's ``call`` and, right behind it on the same
+        connection in the same round trip, ``XREADGROUP GROUP docket-workers
+        worker COUNT count STREAMS <stream> >``: the script's reply (its
+        error raised as ``run_calls`` raises it), and the new entries by
+        stream as ``read_blocking`` gives them (``None`` when the stream has
+        no consumer group: the script makes it).  Where ``reads_in_one_trip``."""
+        raise NotImplementedError(f"{type(self).__name__} reads in two steps")
+
     @abc.abstractmethod
     async def acknowledge(self, stream: str, ids: Sequence[str]) -> None:
         """``XACK`` and ``XDEL`` these entries of ``stream``, as one transaction."""
@@ -306,20 +321,35 @@ class ScriptedStore(HeldCalls, abc.ABC):
         recover: bool = False,
         stale_scan_every: float = 0.0,
     ) -> ReadResult:
-        call = self.layout.call(
-            "read",
-            worker,
-            str(count),
-            number(now),
-            str(int(redelivery_timeout * 1000)),
-            PROMOTE_LIMIT,
-            "1" if recover else "0",
-            str(int(stale_scan_every * 1000)),
-            "1" if self._repair_wake_group else "0",
-        )
+        # the new entries are read apart from the script, in its round trip
+        # (but for a recovery, which reads what this worker holds first)
+        apart = self.reads_in_one_trip and not recover
+
+        def read_call(apart: bool) -> ScriptCall:
+            return self.layout.call(
+                "read",
+                worker,
+                str(count),
+                number(now),
+                str(int(redelivery_timeout * 1000)),
+                PROMOTE_LIMIT,
+                "1" if recover else "0",
+                str(int(stale_scan_every * 1000)),
+                "1" if self._repair_wake_group else "0",
+                "1" if apart else "0",
+            )
+
         started = time.monotonic()
-        (reply,) = await self.run_calls([call])
+        beside: dict[str, list[tuple[Any, list[Any]]]] | None = None
+        if apart:
+            reply, beside = await self.run_read(read_call(True), worker, count)
+            if beside is None:  # (no consumer group: the whole script makes it)
+                apart = False
+        if not apart:
+            (reply,) = await self.run_calls([read_call(False)])
         result = parse_read(reply)
+        if beside is not None:
+            result = await self._with_fresh(result, beside.get(self.layout.stream, []))
         if recover:  # (what this worker held already: leases as old as that read)
             result = attrs.evolve(result, fresh=False)
         if len(reply) > 3 and int(reply[3]) == 1 and self._read_before:
@@ -366,6 +396,22 @@ class ScriptedStore(HeldCalls, abc.ABC):
             await self.acknowledge(self.layout.stream, stale_wakes)
         fresh = parse_stream_entries(entries)
         return attrs.evolve(fresh, next_due=result.next_due)
+
+    async def _with_fresh(
+        self, result: ReadResult, entries: list[tuple[Any, list[Any]]]
+    ) -> ReadResult:
+        """The script's ``result`` and the new ``entries`` read beside it."""
+        if not entries:
+            return result
+        stale_wakes = wake_ids(entries)  # wake-ups an older docket put in the queue
+        if stale_wakes:
+            await self.acknowledge(self.layout.stream, stale_wakes)
+        fresh = parse_stream_entries(entries)
+        return ReadResult(
+            deliveries=result.deliveries + fresh.deliveries,
+            next_due=result.next_due,
+            malformed=result.malformed + fresh.malformed,
+        )
 
     #: a read of this store succeeded in this process (so the consumer group
     #: existed once: a read that must create it again reports it)

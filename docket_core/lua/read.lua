@@ -2,7 +2,10 @@
 -- recover ('1': first hand back up to 1000 entries this worker already holds),
 -- scan_every_ms (how often the docket's deliveries are scanned for stale
 -- ones, by whichever worker reads; '0': every read), repair ('1': a blocked
--- read found the wake stream without its group).
+-- read found the wake stream without its group), fresh_apart ('1': the
+-- caller reads the new deliveries itself, with a plain XREADGROUP right
+-- behind this call in the same round trip; a script that hands the
+-- server's reply through Lua costs the server several times the command).
 -- Queues due messages, takes over deliveries idle for redelivery_ms (when a
 -- scan is due), then reads new ones.  Returns {deliveries, next_due, cursor,
 -- created} where each delivery is {id, fields, redelivered}, cursor is where
@@ -112,7 +115,7 @@ if scan then
   end
   redis.call('HSET', P .. ':scan', 'at', began, 'cursor', cursor)
 end
-if #out < count then
+if #out < count and ARGV[11] ~= '1' then
   local ok, fresh = pcall(redis.call, 'XREADGROUP', 'GROUP', GROUP, worker, 'COUNT',
                           count - #out, 'STREAMS', Q, '>')
   if not ok then
