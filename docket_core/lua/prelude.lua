@@ -335,22 +335,29 @@ end
 local function running_head(worker, now)
   return state_head('running', 'started_at', now, ',"worker":' .. cjson.encode(worker))
 end
+-- The record keeps the id of the message claimed ('sid'), which a run's
+-- end acknowledges: unqueue finds it held, or gone (one command a claim
+-- fewer than an HDEL).
 local function mark_running(run, key, worker, now, fresh, head)
   redis.call('HSET', run, 'state', 'running', 'worker', worker, 'started', now)
-  redis.call('HDEL', run, 'sid')
   if not fresh then redis.call('DEL', prog_key(key)) end
-  publish_head(key, head or running_head(worker, now),
-               {type = 'state', state = 'running', worker = worker, started_at = tonumber(now)})
+  head = head or running_head(worker, now)
+  if head then
+    publish_head(key, head)
+  else
+    publish(key, {type = 'state', state = 'running', worker = worker, started_at = tonumber(now)})
+  end
 end
 
--- remove the key's scheduled or queued (not yet delivered) message
-local function unqueue(key)
+-- remove the key's scheduled or queued (not yet delivered) message: one
+-- handed to a worker stays with it (a claimed one's run acknowledges it; a
+-- claim answers cancelled or superseded and acknowledges it); `acked`
+-- (optional): an entry the caller acknowledged already
+local function unqueue(key, acked)
   local run = run_key(key)
   local sid = redis.call('HGET', run, 'sid')
   if sid then
-    -- a message already handed to a worker (not yet claimed) stays with it:
-    -- its claim answers cancelled or superseded and acknowledges it
-    if not holder_of(sid) then redis.call('XDEL', Q, sid) end
+    if sid ~= acked and not holder_of(sid) then redis.call('XDEL', Q, sid) end
     redis.call('HDEL', run, 'sid')
   end
   redis.call('ZREM', DUE, key)
@@ -408,19 +415,26 @@ local function record_end(key, gen, state, now, ttl, err, has_result, result)
   local run = run_key(key)
   local record = redis.call('HMGET', run, 'g', 'slot', 'pin', 'cancel', 'prog')
   if tonumber(record[1] or '-1') ~= gen then return 0 end
-  local fields = {'state', state, 'completed', now}
-  local event = {type = 'state', state = state, completed_at = tonumber(now)}
   if err ~= '' then
-    fields[5], fields[6] = 'error', err
-    event['error'] = err
+    if has_result == '1' then
+      redis.call('HSET', run, 'state', state, 'completed', now, 'error', err, 'result', result)
+    else
+      redis.call('HSET', run, 'state', state, 'completed', now, 'error', err)
+    end
+  elseif has_result == '1' then
+    redis.call('HSET', run, 'state', state, 'completed', now, 'result', result)
+  else
+    redis.call('HSET', run, 'state', state, 'completed', now)
   end
-  if has_result == '1' then
-    fields[#fields + 1] = 'result'
-    fields[#fields + 1] = result
-  end
-  redis.call('HSET', run, unpack(fields))
   conclude(key, ttl, 'cancel', not (record[2] or record[3] or record[4] or record[5]))
-  publish_head(key, err == '' and state_head(state, 'completed_at', now) or nil, event)
+  local head = err == '' and state_head(state, 'completed_at', now) or nil
+  if head then
+    publish_head(key, head)
+  else
+    local event = {type = 'state', state = state, completed_at = tonumber(now)}
+    if err ~= '' then event['error'] = err end
+    publish(key, event)
+  end
   return 1
 end
 

@@ -75,7 +75,7 @@ local function schedule(key, fn, payload, when, attempt, mode, now, ack, expect,
   if state then
     -- a record without a live message needs no unqueue (records of live keys
     -- never expire), so a new key skips this part
-    unqueue(key)
+    unqueue(key, ack)
     redis.call('HDEL', run, 'worker', 'started', 'completed', 'error', 'result', 'cancel',
                'slot', 'pin', 'prog')
     redis.call('PERSIST', run)
