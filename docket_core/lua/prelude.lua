@@ -295,6 +295,14 @@ local function holder_of(id)
   if ok and pending[1] then return pending[1][2] end
   return false
 end
+-- a stream entry id as its two numbers (ms, seq), or nil
+local function id_parts(id)
+  local dash = string.find(id, '-', 1, true)
+  local ms = dash and tonumber(string.sub(id, 1, dash - 1))
+  local seq = dash and tonumber(string.sub(id, dash + 1))
+  if ms and seq and ms < 2^53 and seq < 2^53 then return ms, seq end
+  return nil
+end
 -- the ids of `ids` that consumer `worker` holds, each mapped to how many
 -- times the store handed it out, from one read of its deliveries between
 -- the lowest and the highest of them.  One it holds
@@ -303,10 +311,8 @@ end
 local function held_by(worker, ids)
   local held, low, high, lows, highs = {}, nil, nil, nil, nil
   for _, id in ipairs(ids) do
-    local dash = string.find(id, '-', 1, true)
-    local ms = dash and tonumber(string.sub(id, 1, dash - 1))
-    local seq = dash and tonumber(string.sub(id, dash + 1))
-    if ms and seq then
+    local ms, seq = id_parts(id)
+    if ms then
       if not low or ms < low[1] or (ms == low[1] and seq < low[2]) then low, lows = {ms, seq}, id end
       if not high or ms > high[1] or (ms == high[1] and seq > high[2]) then
         high, highs = {ms, seq}, id
@@ -372,13 +378,41 @@ local function acknowledge(id)
     redis.call('XDEL', Q, id)
   end
 end
--- acknowledge several deliveries, a thousand a command (an XDEL of the
--- stream's first entry looks for the next one: once a command, not an id)
+-- The lowest entry the queue must keep, as (ms, seq), or nil (keep all):
+-- the oldest delivery still pending.  Every entry below it was handed out
+-- (the group hands entries out in order) and acknowledged, and docket
+-- deletes every entry it acknowledges: a trim to it deletes nothing an XDEL
+-- would not.  With none pending, nil: a trim would have to know which
+-- entries the group has yet to hand out.
+local function keep_from()
+  local ok, summary = pcall(redis.call, 'XPENDING', Q, GROUP)
+  if ok and tonumber(summary[1]) > 0 then return id_parts(summary[2]) end
+  return nil
+end
+-- acknowledge several deliveries, a thousand a command.  They are deleted
+-- by trimming the queue to the first entry it must keep (whole nodes of
+-- the stream at a time), and those at or above it by XDEL (which looks each
+-- id up in its node: several times a trim's cost an entry)
 local function acknowledge_all(ids)
+  if #ids == 0 then return end
   for i = 1, #ids, 1000 do
-    local last = math.min(i + 999, #ids)
-    redis.call('XACK', Q, GROUP, unpack(ids, i, last))
-    redis.call('XDEL', Q, unpack(ids, i, last))
+    redis.call('XACK', Q, GROUP, unpack(ids, i, math.min(i + 999, #ids)))
+  end
+  local keep_ms, keep_seq = keep_from()
+  local rest = ids
+  -- (an ACL from before docket trimmed, without XTRIM, deletes by XDEL alone)
+  if keep_ms and pcall(redis.call, 'XTRIM', Q, 'MINID',
+                       string.format('%d-%d', keep_ms, keep_seq)) then
+    rest = {}
+    for _, id in ipairs(ids) do
+      local ms, seq = id_parts(id)
+      if not ms or ms > keep_ms or (ms == keep_ms and seq >= keep_seq) then
+        rest[#rest + 1] = id
+      end
+    end
+  end
+  for i = 1, #rest, 1000 do
+    redis.call('XDEL', Q, unpack(rest, i, math.min(i + 999, #rest)))
   end
 end
 

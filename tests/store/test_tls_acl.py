@@ -184,6 +184,44 @@ async def test_the_readme_acl_runs_a_docket(acl_users: AclUsers) -> None:
     assert acl_users.refusals(user.user) == set()
 
 
+@pytest.mark.backends(*ASYNCIO_SERVER_BACKENDS)
+async def test_an_acl_from_before_docket_trimmed_its_queue_still_runs_a_docket(
+    acl_users: AclUsers,
+) -> None:
+    # (the README's list gained XTRIM: an ACL set up before deletes the
+    # entries it acknowledges by XDEL alone, and leaves none behind)
+    user = acl_users.make(without=("+xtrim",))
+    release = anyio.Event()
+    quick_ran: list[int] = []
+
+    async def hold() -> None:
+        await release.wait()
+
+    async def quick(n: int) -> None:
+        quick_ran.append(n)
+
+    async with Docket(name=user.name, url=user.url) as docket:
+        docket.register(hold)
+        docket.register(quick)
+        await docket.add(hold)()
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as group:
+                group.start_soon(make_worker(docket).run_forever)
+                while (await docket.snapshot()).running == []:
+                    await anyio.sleep(0.02)
+                # the quick runs end while hold's delivery is pending: their
+                # ends would trim the queue up to it
+                for n in range(3):
+                    await docket.add(quick)(n)
+                while len(quick_ran) < 3 or (await docket.snapshot()).total_tasks > 1:
+                    await anyio.sleep(0.02)
+                release.set()
+                while (await docket.snapshot()).total_tasks:
+                    await anyio.sleep(0.02)
+                group.cancel_scope.cancel()
+    assert acl_users.refusals(user.user) == {"command xtrim"}
+
+
 def test_the_readme_acl_allows_every_command_the_scripts_run() -> None:
     allowed = {rule[1:].upper().split("|")[0] for rule in readme_acl("d", "s", "pw")}
     used = {command for commands in _SCRIPT_COMMANDS.values() for command in commands}
