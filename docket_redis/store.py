@@ -363,7 +363,7 @@ class RedisStore(ScriptedStore):
         if isinstance(entries, redis_errors.ResponseError):
             if "NOGROUP" in str(entries):
                 return reply, None
-            raise _store_error(entries, "XREADGROUP")
+            raise _store_error(entries, "XREADGROUP") from entries
         # RESP2: [[stream, [[id, [f, v, ...]], ...]]]; RESP3: a map; None: nothing new
         streams = entries.items() if isinstance(entries, dict) else (entries or ())
         return reply, {text(name): [(e[0], e[1]) for e in items] for name, items in streams}

@@ -323,7 +323,8 @@ class ScriptedStore(HeldCalls, abc.ABC):
     ) -> ReadResult:
         # the new entries are read apart from the script, in its round trip
         # (but for a recovery, which reads what this worker holds first)
-        apart = self.reads_in_one_trip and not recover
+        # (``COUNT 0`` would read the whole queue: a read of nothing reads in the script)
+        apart = self.reads_in_one_trip and not recover and count > 0
 
         def read_call(apart: bool) -> ScriptCall:
             return self.layout.call(

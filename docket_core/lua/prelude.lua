@@ -385,8 +385,10 @@ end
 -- would not.  With none pending, nil: a trim would have to know which
 -- entries the group has yet to hand out.
 local function keep_from()
-  local ok, summary = pcall(redis.call, 'XPENDING', Q, GROUP)
-  if ok and tonumber(summary[1]) > 0 then return id_parts(summary[2]) end
+  -- (the oldest entry of the pending list: its summary form would walk
+  -- every consumer the group ever had)
+  local ok, oldest = pcall(redis.call, 'XPENDING', Q, GROUP, '-', '+', 1)
+  if ok and oldest[1] then return id_parts(oldest[1][1]) end
   return nil
 end
 -- acknowledge several deliveries, a thousand a command.  They are deleted

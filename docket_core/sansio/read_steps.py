@@ -16,7 +16,9 @@ or deadline start with it when the read is recent (``START_EARLY``).
 
 A read never brings more than the room it was asked for, except the one
 that recovers what a lost reply handed out (``recover``: every delivery
-the store counts as this worker's).  So a read's deliveries beyond the
+the store counts as this worker's), and one that also took over stale
+deliveries (a worker died) where the store reads the new ones beside its
+scan (up to the room again: ``ScriptedStore.run_read``).  So a read's deliveries beyond the
 worker's room (``_room``: ``concurrency`` less those it runs or will run)
 wait here, held (``ARRIVED``: their leases renewed, nothing asked of the
 store), in the order they came, and go on as runs end
