@@ -108,6 +108,14 @@ def reply_error(message: str, what: str, server: str) -> StoreError:
     return StoreError(f"{server} refused {what}: {message}")
 
 
+def _created(reply: Any) -> bool:
+    """Whether the read script's ``reply`` says it made the consumer group."""
+    try:
+        return len(reply) > 3 and int(reply[3]) == 1
+    except (TypeError, ValueError):
+        return False  # (a reply ``parse_read`` refuses)
+
+
 class ScriptedStore(HeldCalls, abc.ABC):
     """A ``StorageAdapter`` for Redis-protocol servers, minus the client."""
 
@@ -342,10 +350,14 @@ class ScriptedStore(HeldCalls, abc.ABC):
 
         started = time.monotonic()
         beside: dict[str, list[tuple[Any, list[Any]]]] | None = None
+        created = False
         if apart:
             reply, beside = await self.run_read(read_call(True), worker, count)
             if beside is None:  # (no consumer group: the whole script makes it)
                 apart = False
+                # (or this one made it already, by its scan, once the read
+                # behind it had failed: a restart lost the scripts and the stream)
+                created = _created(reply)
         if not apart:
             (reply,) = await self.run_calls([read_call(False)])
         result = parse_read(reply)
@@ -353,7 +365,7 @@ class ScriptedStore(HeldCalls, abc.ABC):
             result = await self._with_fresh(result, beside.get(self.layout.stream, []))
         if recover:  # (what this worker held already: leases as old as that read)
             result = attrs.evolve(result, fresh=False)
-        if len(reply) > 3 and int(reply[3]) == 1 and self._read_before:
+        if (created or _created(reply)) and self._read_before:
             # not the first read of a new docket: what this process read from
             # before had vanished (a FLUSHALL, a restart without persistence)
             logging.getLogger("docket.worker").warning(
