@@ -153,6 +153,14 @@ async def _send_group(cluster: RedisCluster, group: Sequence[ScriptCall]) -> lis
     return replies
 
 
+def _by_stream(reply: Any) -> dict[str, list[tuple[Any, list[Any]]]]:
+    """An ``XREADGROUP`` reply as the server gave it, by stream: RESP2
+    ``[[stream, [[id, [f, v, ...]], ...]], ...]``, RESP3 a map, ``None``
+    when nothing came."""
+    streams = reply.items() if isinstance(reply, dict) else (reply or ())
+    return {text(stream): [(e[0], e[1]) for e in entries] for stream, entries in streams}
+
+
 _Result = TypeVar("_Result")
 
 
@@ -364,9 +372,7 @@ class RedisStore(ScriptedStore):
             if "NOGROUP" in str(entries):
                 return reply, None
             raise _store_error(entries, "XREADGROUP") from entries
-        # RESP2: [[stream, [[id, [f, v, ...]], ...]]]; RESP3: a map; None: nothing new
-        streams = entries.items() if isinstance(entries, dict) else (entries or ())
-        return reply, {text(name): [(e[0], e[1]) for e in items] for name, items in streams}
+        return reply, _by_stream(entries)
 
     async def _run_calls(
         self,
@@ -661,9 +667,7 @@ class RedisStore(ScriptedStore):
                     await self._pool().release(reader)
             raise
         readers.append(reader)
-        # RESP2: [[stream, [[id, [f, v, ...]], ...]], ...]; RESP3: a map; None: timed out
-        streams = reply.items() if isinstance(reply, dict) else (reply or ())
-        return {text(stream): [(e[0], e[1]) for e in entries] for stream, entries in streams}
+        return _by_stream(reply)
 
     async def acknowledge(self, stream: str, ids: Sequence[str]) -> None:
         async with self._turn():

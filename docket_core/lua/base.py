@@ -404,11 +404,16 @@ class ScriptedStore(HeldCalls, abc.ABC):
             if not woken and due_in <= block and remaining > 0:
                 await anyio.sleep(remaining)
             return ReadResult(deliveries=(), next_due=result.next_due)
-        stale_wakes = wake_ids(entries)  # wake-ups an older docket put in the queue
+        fresh = await self._new_entries(entries)
+        return attrs.evolve(fresh, next_due=result.next_due)
+
+    async def _new_entries(self, entries: list[tuple[Any, list[Any]]]) -> ReadResult:
+        """The entries of a plain read of the queue, parsed, and the wake-ups
+        an older docket put in the queue among them acknowledged."""
+        stale_wakes = wake_ids(entries)
         if stale_wakes:
             await self.acknowledge(self.layout.stream, stale_wakes)
-        fresh = parse_stream_entries(entries)
-        return attrs.evolve(fresh, next_due=result.next_due)
+        return parse_stream_entries(entries)
 
     async def _with_fresh(
         self, result: ReadResult, entries: list[tuple[Any, list[Any]]]
@@ -416,10 +421,7 @@ class ScriptedStore(HeldCalls, abc.ABC):
         """The script's ``result`` and the new ``entries`` read beside it."""
         if not entries:
             return result
-        stale_wakes = wake_ids(entries)  # wake-ups an older docket put in the queue
-        if stale_wakes:
-            await self.acknowledge(self.layout.stream, stale_wakes)
-        fresh = parse_stream_entries(entries)
+        fresh = await self._new_entries(entries)
         return ReadResult(
             deliveries=result.deliveries + fresh.deliveries,
             next_due=result.next_due,
