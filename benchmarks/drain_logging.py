@@ -3,6 +3,7 @@
     python benchmarks/drain_logging.py                       # 20,000 tasks, both backends
     python benchmarks/drain_logging.py --backends memory --repeat 5
     python benchmarks/drain_logging.py --profile file --backends memory
+    python benchmarks/drain_logging.py --backends glide --modes off file
 
 Each run enqueues N no-op tasks on a fresh docket and drains them with one
 worker (concurrency 100); the figure is the drain rate.  Logging is set up
@@ -19,7 +20,8 @@ The modes alternate run by run (``--repeat`` rounds); the medians close the
 report with each mode's drain rate (and CPU time per task) as a fraction of
 ``off``'s, then the same for the best drain of each mode (on a busy machine
 the steadier figure: other processes only ever slow a drain down).  The Redis
-backend uses a private ``redis-server`` on a free port (``drain_server``).
+backends (``redis``: redis-py, ``glide``: GLIDE) use a private
+``redis-server`` on a free port each (``drain_server``).
 ``--profile MODE`` instead drains once per backend in MODE under cProfile and
 prints the functions with the most own time, and the per-line cost of the
 logging functions (in microseconds per line, two lines a run).
@@ -129,7 +131,8 @@ def backend_urls(backends: list[str], stack: ExitStack) -> dict[str, str]:
             urls[backend] = "memory"
         else:
             port = stack.enter_context(private_server("redis-server"))
-            urls[backend] = f"redis://127.0.0.1:{port}/0"
+            scheme = "glide" if backend == "glide" else "redis"
+            urls[backend] = f"{scheme}://127.0.0.1:{port}/0"
     return urls
 
 
@@ -221,7 +224,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=100, help="the worker's concurrency")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of the modes")
     parser.add_argument(
-        "--backends", nargs="+", default=["memory", "redis"], choices=("memory", "redis")
+        "--backends", nargs="+", default=["memory", "redis"], choices=("memory", "redis", "glide")
     )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--profile", choices=MODES, help="profile one drain in this mode instead")

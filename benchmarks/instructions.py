@@ -2,6 +2,7 @@
 
     python benchmarks/instructions.py --tasks 2000                     # memory://
     python benchmarks/instructions.py --client redis --tree /tmp/old --tree .
+    python benchmarks/instructions.py --client glide --logs     # INFO lines on
 
 Timings on a shared machine move by 15-30% from run to run; an instruction
 count moves by a fraction of a percent.  This runs the process that adds N
@@ -28,11 +29,13 @@ collection, the event loop) is included, GLIDE's native threads too.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from contextlib import nullcontext
 
@@ -40,6 +43,7 @@ import anyio
 from drain_server import drain_worker, private_server
 
 from docket_core import Docket
+from docket_core.cli.logs import LogFormat, LogLevel, configure_logging
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -51,6 +55,14 @@ async def noop() -> None:
 async def sleeper(seconds: float) -> None:
     """The drained task of ``--sleep-ms``."""
     await anyio.sleep(seconds)
+
+
+def log_to_file(path: str) -> None:
+    """Log the worker's INFO lines to ``path``, as ``docket worker
+    --logging-format plain`` logs them (``configure_logging``)."""
+    handler = configure_logging(LogLevel.INFO, LogFormat.PLAIN)
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(open(path, "w", encoding="utf-8"))
 
 
 async def child(url: str, tasks: int, drain: bool, sleep_ms: float) -> None:
@@ -70,15 +82,19 @@ async def child(url: str, tasks: int, drain: bool, sleep_ms: float) -> None:
                 raise SystemExit(f"drained {worker.counters['succeeded']} of {tasks}")
 
 
-def count(tree: str, url: str, tasks: int, drain: bool, sleep_ms: float) -> int:
+def count(tree: str, url: str, tasks: int, drain: bool, sleep_ms: float, logs: bool) -> int:
     """The instructions valgrind counts for one child process."""
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.abspath(tree), HERE]))
+    path = os.pathsep.join([os.path.abspath(tree), HERE])
+    environment = dict(os.environ, PYTHONPATH=path, PYTHONHASHSEED="0")
     command = [
         "valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
         sys.executable, os.path.abspath(__file__), "--child", url, "--tasks", str(tasks),
         "--sleep-ms", str(sleep_ms),
     ] + (["--drain"] if drain else [])  # fmt: skip
-    done = subprocess.run(command, env=environment, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory(prefix="docket-instructions-") as folder:
+        if logs:
+            command += ["--log-file", os.path.join(folder, "worker.log")]
+        done = subprocess.run(command, env=environment, capture_output=True, text=True)
     found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
     if done.returncode != 0 or found is None:
         raise SystemExit(f"valgrind run failed ({tree}):\n{done.stderr[-2000:]}")
@@ -92,10 +108,16 @@ def main() -> None:
     parser.add_argument("--client", default="memory", choices=("memory", "redis", "glide"))
     parser.add_argument("--server", default="redis-server", help="the server binary to start")
     parser.add_argument("--sleep-ms", type=float, default=0.0, help="each task sleeps so long")
+    parser.add_argument(
+        "--logs", action="store_true", help="the worker logs its INFO lines to a file"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # a counted process's URL
     parser.add_argument("--drain", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--log-file", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.child is not None:
+        if options.log_file is not None:
+            log_to_file(options.log_file)
         anyio.run(child, options.child, options.tasks, options.drain, options.sleep_ms)
         return
     if shutil.which("valgrind") is None:
@@ -110,13 +132,14 @@ def main() -> None:
         }[options.client]
         n = options.tasks
         task = f"{options.sleep_ms:g} ms" if options.sleep_ms else "no-op"
-        print(f"{n} {task} tasks on {options.client}; instructions per task (thousands)")
+        logs = ", INFO lines to a file" if options.logs else ""
+        print(f"{n} {task} tasks on {options.client}{logs}; instructions per task (thousands)")
         print(f"{'tree':<24}{'add':>10}{'drain':>10}{'total':>10}")
         first: tuple[float, float] | None = None
         for tree in trees:
-            empty = count(tree, url, 0, False, options.sleep_ms)
-            added = count(tree, url, n, False, options.sleep_ms)
-            drained = count(tree, url, n, True, options.sleep_ms)
+            empty = count(tree, url, 0, False, options.sleep_ms, options.logs)
+            added = count(tree, url, n, False, options.sleep_ms, options.logs)
+            drained = count(tree, url, n, True, options.sleep_ms, options.logs)
             add, drain = (added - empty) / n / 1000, (drained - added) / n / 1000
             first = first or (add, drain)
             ratio = f"  add x{add / first[0]:.3f} drain x{drain / first[1]:.3f}"

@@ -53,7 +53,8 @@ def unregistered(name: str) -> KeyError:
 
 class LazyArguments(Mapping[str, Any]):
     """A call's arguments by parameter name (``bind_arguments``), bound on
-    first read: the core reads them only when a strike names a parameter."""
+    first read: the core reads them only when a strike names a parameter, a
+    worker when a per-call dependency (a keyed limit, say) or a strike does."""
 
     __slots__ = ("_args", "_bound", "_function", "_kwargs")
 

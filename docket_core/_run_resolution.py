@@ -184,40 +184,72 @@ class ResolvedCall:
 
 
 class _Resolution(AbstractAsyncContextManager[ResolvedCall]):
-    """``async with resolve(function, context) as call``: see ``resolve``."""
+    """``async with resolve(function, context) as call``: see ``resolve``.
+
+    The ``TaskContext`` is made (``make_context``) only when a dependency
+    needs it: a function that declares none (and a worker that adds none) is
+    called with its arguments as given.  ``docket`` and ``worker`` are
+    ``None`` when the caller set ``current_docket`` and ``current_worker``
+    already (a runner task sets them once for all its runs)."""
+
+    __slots__ = (
+        "_args",
+        "_docket",
+        "_execution",
+        "_function",
+        "_kwargs",
+        "_make_context",
+        "_run",
+        "_tokens",
+        "_worker",
+        "_worker_dependencies",
+    )
 
     def __init__(
         self,
         function: Callable[..., Any],
-        context: TaskContext,
+        execution: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        make_context: Callable[[], TaskContext],
         worker_dependencies: Mapping[str, Dependency],
+        docket: Any = None,
+        worker: Any = None,
     ) -> None:
         self._function = function
-        self._context = context
+        self._execution = execution
+        self._args = args
+        self._kwargs = kwargs
+        self._make_context = make_context
         self._worker_dependencies = worker_dependencies
+        self._docket = docket
+        self._worker = worker
         self._run: Run | None = None
         self._tokens: tuple[contextvars.Token[Any], ...] = ()
 
     async def __aenter__(self) -> ResolvedCall:
-        context = self._context
         plan = _PLANS.get(self._function) or _plan(self._function)
-        self._tokens = (
-            current_docket.set(context.docket),
-            current_worker.set(context.worker),
-            current_execution.set(context.execution),
-        )
+        if self._docket is None:
+            self._tokens = (current_execution.set(self._execution),)
+        else:
+            self._tokens = (
+                current_docket.set(self._docket),
+                current_worker.set(self._worker),
+                current_execution.set(self._execution),
+            )
         workers = self._worker_dependencies
         if not plan.injected and not workers:
-            return ResolvedCall(context.args, context.kwargs, None)
+            return ResolvedCall(self._args, self._kwargs, None)
         if plan.self_injected and not workers:
-            kwargs = context.kwargs
-            given = len(context.args)
+            kwargs = self._kwargs
+            given = len(self._args)
             for item in plan.injected:
                 if item.position >= given and item.name not in kwargs:
-                    if kwargs is context.kwargs:
+                    if kwargs is self._kwargs:
                         kwargs = dict(kwargs)
                     kwargs[item.name] = item.dependency
-            return ResolvedCall(context.args, kwargs, None)
+            return ResolvedCall(self._args, kwargs, None)
+        context = self._make_context()
         run = self._run = Run(self._function, context)
         kwargs = dict(context.kwargs)
         given = len(context.args)
@@ -273,13 +305,9 @@ class _Resolution(AbstractAsyncContextManager[ResolvedCall]):
                 # cannot swallow it: the runtime must learn how the task ended
                 await self._run.stack.__aexit__(exc_type, exc, tb)
         finally:
-            for var, token in zip(
-                (current_execution, current_worker, current_docket),
-                reversed(self._tokens),
-                strict=False,
-            ):
+            for token in reversed(self._tokens):
                 try:
-                    var.reset(token)
+                    token.var.reset(token)
                 except ValueError:  # exited in another context than entered
                     pass
             self._tokens = ()
@@ -303,4 +331,33 @@ def resolve(
     passed to the function.  The contextvars ``current_docket``,
     ``current_worker`` and ``current_execution`` are set for the duration.
     """
-    return _Resolution(function, context, worker_dependencies)
+    return _Resolution(
+        function,
+        context.execution,
+        context.args,
+        context.kwargs,
+        lambda: context,
+        worker_dependencies,
+        context.docket,
+        context.worker,
+    )
+
+
+def resolve_in_runner(
+    function: Callable[..., Any],
+    execution: Any,
+    make_context: Callable[[], TaskContext],
+    worker_dependencies: Mapping[str, Dependency],
+) -> AbstractAsyncContextManager[ResolvedCall]:
+    """``resolve`` in a runner task, which set ``current_docket`` and
+    ``current_worker`` for all its runs: the call takes ``execution``'s
+    arguments, and ``make_context`` makes the ``TaskContext`` only if a
+    dependency needs one (a function that declares none never pays for it)."""
+    return _Resolution(
+        function,
+        execution,
+        execution.args,
+        execution.kwargs,
+        make_context,
+        worker_dependencies,
+    )

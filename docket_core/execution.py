@@ -96,7 +96,7 @@ class Execution:
         self.started_at: datetime | None = None
         self.completed_at: datetime | None = None
         self.error: str | None = None
-        self.progress = ExecutionProgress(docket, key)
+        self._progress: ExecutionProgress | None = None
         self._result: bytes | None = None
 
     # -- identity --------------------------------------------------------------
@@ -132,6 +132,14 @@ class Execution:
     @property
     def redelivered(self) -> bool:
         return self._redelivered
+
+    @property
+    def progress(self) -> ExecutionProgress:
+        """The progress of this execution (its handle is made when first asked for)."""
+        progress = self._progress
+        if progress is None:
+            progress = self._progress = ExecutionProgress(self._docket, self._key)
+        return progress
 
     def get_argument(self, name: str) -> Any:
         """The call's argument for parameter ``name``."""

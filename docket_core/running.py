@@ -59,7 +59,16 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from . import instrumentation, worker_logs
-from .dependencies import Dependency, ForcedRetry, TaskContext, bind_arguments, resolve, task_policy
+from ._calls import LazyArguments
+from ._run_resolution import resolve_in_runner
+from .dependencies import (
+    Dependency,
+    ForcedRetry,
+    TaskContext,
+    current_docket,
+    current_worker,
+    task_policy,
+)
 from .execution import Execution, to_datetime
 from .outcomes import blocked_follow_up, blocked_line
 from .partition_parts import spanning_limits
@@ -197,6 +206,9 @@ class Runner:
         Its runs share a cancel scope until a ``CancelTask`` cancels one (the
         scope is then spent: the next run gets a fresh one)."""
         self.called -= 1  # (a new task answers the call that started it)
+        # (set once for the task's runs: a run sets only ``current_execution``)
+        current_docket.set(self.docket)
+        current_worker.set(self.worker)
         clean = contextvars.copy_context()
         while True:
             with anyio.CancelScope() as scope:
@@ -267,22 +279,6 @@ class Runner:
         execution.state = ExecutionState.RUNNING
         execution.worker = self.worker.name
 
-        def on_deadline(deadline: float) -> None:
-            machine.receive(DeadlineExtended(delivery_id=delivery_id, deadline=deadline))
-            self.rearm()
-
-        context = TaskContext(
-            docket=docket,
-            worker=self.worker,
-            execution=execution,
-            function_name=function_name,
-            args=execution.args,
-            kwargs=execution.kwargs,
-            now=time.time,
-            deadline=flight.deadline,
-            on_deadline_change=on_deadline,
-            report_progress=partial(_report, docket, execution.key, execution.generation),
-        )
         labels = self._labels(function_name)
         started = time.time()
         punctuality = started - execution.when.timestamp()
@@ -306,7 +302,10 @@ class Runner:
                     # in one round): it ends cancelled without running
                     scope.cancel()
                     await anyio.lowlevel.checkpoint()
-                async with resolve(function, context, self.worker.dependencies) as call:
+                make_context = partial(self._task_context, delivery_id, execution, flight.deadline)
+                async with resolve_in_runner(
+                    function, execution, make_context, self.worker.dependencies
+                ) as call:
                     resolving = False
                     try:
                         if call.runtime is not None:  # (a custom ``Runtime``)
@@ -401,6 +400,31 @@ class Runner:
         # (abandoning cancels a scope without a stop; the runner ends then anyway)
         return cancelled or stop is not None
 
+    def _task_context(
+        self, delivery_id: str, execution: Execution, deadline: float | None
+    ) -> TaskContext:
+        """What the dependencies of one run may draw on (made only for a
+        function that declares some, or when the worker adds its own)."""
+        machine = self.machine
+        docket = self.docket
+
+        def on_deadline(deadline: float) -> None:
+            machine.receive(DeadlineExtended(delivery_id=delivery_id, deadline=deadline))
+            self.rearm()
+
+        return TaskContext(
+            docket=docket,
+            worker=self.worker,
+            execution=execution,
+            function_name=execution.function_name,
+            args=execution.args,
+            kwargs=execution.kwargs,
+            now=time.time,
+            deadline=deadline,
+            on_deadline_change=on_deadline,
+            report_progress=partial(_report, docket, execution.key, execution.generation),
+        )
+
     def _failed(
         self,
         execution: Execution,
@@ -453,7 +477,8 @@ def decode(
     except Exception as error:
         return f"the arguments could not be unpickled: {describe(error)}"
     try:
-        arguments = bind_arguments(function, args, kwargs)
+        # (bound by name only if a per-call dependency or a strike reads them)
+        arguments = LazyArguments(function, args, kwargs)
         policy = task_policy(
             function, message.function, docket.name, arguments, worker_dependencies
         )
