@@ -46,7 +46,7 @@ from glide import TimeoutError as GlideTimeoutError
 from docket_core.lua import SCRIPTS
 from docket_core.lua.acl import acl_refusal
 from docket_core.lua.base import ScriptedStore, reply_error
-from docket_core.lua.entries import text
+from docket_core.lua.entries import stream_entries, stream_reply, text
 from docket_core.lua.protocol import GROUP, ScriptCall
 from docket_core.sansio.errors import StoreError, StoreUnavailable, UsageError
 
@@ -399,7 +399,7 @@ class GlideStore(ScriptedStore):
             if "NOGROUP" in str(entries):
                 return reply, None
             raise _store_error(entries, "XREADGROUP") from entries
-        return reply, _stream_entries(entries)
+        return reply, stream_reply(entries)
 
     async def _run(
         self, client: Client, calls: Sequence[ScriptCall], apart: bool = False
@@ -473,7 +473,7 @@ class GlideStore(ScriptedStore):
             await reader.close()
             raise
         self._readers.append(reader)
-        return _stream_entries(reply)
+        return stream_reply(reply)
 
     async def acknowledge(self, stream: str, ids: Sequence[str]) -> None:
         # one transaction: an entry acknowledged but not deleted (the
@@ -504,7 +504,7 @@ class GlideStore(ScriptedStore):
             reply: Any = await client.custom_command(
                 ["XRANGE", self.layout.strikes, f"({after}", "+"]
             )
-        return [(text(entry_id), fields) for entry_id, fields in _stream_entries_flat(reply)]
+        return [(text(entry_id), fields) for entry_id, fields in stream_entries(reply)]
 
     async def append_strike(self, data: bytes) -> str:
         async with self._request() as client:
@@ -585,35 +585,3 @@ class _Subscriber:
 
     async def aclose(self) -> None:
         await self._client.close()
-
-
-def _stream_entries(reply: Any) -> dict[str, list[tuple[Any, list[Any]]]]:
-    """XREADGROUP's reply in either RESP2 (lists) or RESP3 (maps) shape, by stream."""
-    if not reply:
-        return {}
-    streams = reply.items() if isinstance(reply, dict) else [(s[0], s[1]) for s in reply]
-    entries: dict[str, list[tuple[Any, list[Any]]]] = {}
-    for stream, stream_entries in streams:
-        entries.setdefault(text(stream), []).extend(_stream_entries_flat(stream_entries))
-    return entries
-
-
-def _stream_entries_flat(entries: Any) -> list[tuple[Any, list[Any]]]:
-    if isinstance(entries, dict):
-        pairs = list(entries.items())
-    else:
-        pairs = [(e[0], e[1]) for e in entries or []]
-    out: list[tuple[Any, list[Any]]] = []
-    for entry_id, fields in pairs:
-        flat: list[Any] = []
-        if isinstance(fields, dict):
-            for field, value in fields.items():
-                flat += [field, value]
-        else:
-            for item in fields or []:
-                if isinstance(item, list | tuple):
-                    flat.extend(item)
-                else:
-                    flat.append(item)
-        out.append((entry_id, flat))
-    return out

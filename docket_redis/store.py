@@ -35,7 +35,7 @@ from redis.asyncio.sentinel import SentinelConnectionPool
 from docket_core.held_calls import written
 from docket_core.lua import SCRIPTS
 from docket_core.lua.base import ScriptedStore, reply_error
-from docket_core.lua.entries import text
+from docket_core.lua.entries import stream_entries, stream_reply, text
 from docket_core.lua.protocol import GROUP, ScriptCall
 from docket_core.sansio.errors import StoreError, StoreUnavailable
 
@@ -151,14 +151,6 @@ async def _send_group(cluster: RedisCluster, group: Sequence[ScriptCall]) -> lis
     replies: list[Any] = await pipe.execute(raise_on_error=False)
     _raise_first(replies)
     return replies
-
-
-def _by_stream(reply: Any) -> dict[str, list[tuple[Any, list[Any]]]]:
-    """An ``XREADGROUP`` reply as the server gave it, by stream: RESP2
-    ``[[stream, [[id, [f, v, ...]], ...]], ...]``, RESP3 a map, ``None``
-    when nothing came."""
-    streams = reply.items() if isinstance(reply, dict) else (reply or ())
-    return {text(stream): [(e[0], e[1]) for e in entries] for stream, entries in streams}
 
 
 _Result = TypeVar("_Result")
@@ -372,7 +364,7 @@ class RedisStore(ScriptedStore):
             if "NOGROUP" in str(entries):
                 return reply, None
             raise _store_error(entries, "XREADGROUP") from entries
-        return reply, _by_stream(entries)
+        return reply, stream_reply(entries)
 
     async def _run_calls(
         self,
@@ -622,16 +614,7 @@ class RedisStore(ScriptedStore):
                 if "NOGROUP" in str(error):
                     return None  # the next read script creates the group
                 raise
-        read: dict[str, list[tuple[Any, list[Any]]]] = {}
-        streams = reply.items() if isinstance(reply, dict) else (reply or [])
-        for stream, stream_entries in streams:
-            entries = read.setdefault(text(stream), [])
-            for entry_id, fields in stream_entries:
-                flat: list[Any] = []
-                for field, value in (fields or {}).items():
-                    flat += [field, value]
-                entries.append((entry_id, flat))
-        return read
+        return stream_reply(reply)
 
     async def _read_on_own_connection(
         self, worker: str, count: int, block_ms: int
@@ -667,7 +650,7 @@ class RedisStore(ScriptedStore):
                     await self._pool().release(reader)
             raise
         readers.append(reader)
-        return _by_stream(reply)
+        return stream_reply(reply)
 
     async def acknowledge(self, stream: str, ids: Sequence[str]) -> None:
         async with self._turn():
@@ -694,11 +677,7 @@ class RedisStore(ScriptedStore):
         async with self._turn():
             with _store_errors():
                 entries: Any = await self.client.xrange(self.layout.strikes, min=f"({after}")
-        flat: list[tuple[str, list[Any]]] = []
-        for entry_id, fields in entries:
-            pairs = fields.items() if isinstance(fields, dict) else ()
-            flat.append((text(entry_id), [item for pair in pairs for item in pair]))
-        return flat
+        return [(text(entry_id), fields) for entry_id, fields in stream_entries(entries)]
 
     async def append_strike(self, data: bytes) -> str:
         async with self._turn():

@@ -180,6 +180,66 @@ def split_entries(
     return tuple(deliveries), tuple(malformed)
 
 
+#: what reading a reply of an unknown shape raises
+_SHAPE_ERRORS = (TypeError, ValueError, IndexError, KeyError, AttributeError)
+
+
+def stream_reply(reply: Any) -> dict[str, list[tuple[Any, Any]]]:
+    """An ``XREADGROUP`` reply by stream, in any shape a client gives it:
+    RESP2 ``[[stream, entries], ...]``, a RESP3 map, ``None`` when nothing
+    came (entries as ``stream_entries`` gives them).  A reply of another
+    shape is the store's fault: ``StoreError`` (a worker counts a failed
+    read and reads again), never a crash."""
+    if not reply:
+        return {}
+    try:
+        streams = reply.items() if isinstance(reply, dict) else [_pair(s) for s in reply]
+        found: dict[str, list[tuple[Any, Any]]] = {}
+        for stream, entries in streams:
+            found.setdefault(text(stream), []).extend(_entries(entries))
+    except _SHAPE_ERRORS as error:
+        raise StoreError(f"unexpected reply to a stream read: {reply!r:.200}") from error
+    return found
+
+
+def stream_entries(entries: Any) -> list[tuple[Any, Any]]:
+    """A stream's entries (an ``XRANGE`` reply, one stream of an
+    ``XREADGROUP`` one) as ``(id, [field, value, ...])``; ``StoreError``
+    for a reply of no known shape (see ``_entries``)."""
+    try:
+        return _entries(entries)
+    except _SHAPE_ERRORS as error:
+        raise StoreError(f"unexpected reply to a stream read: {entries!r:.200}") from error
+
+
+def _pair(item: Any) -> tuple[Any, Any]:
+    """``[name, value]`` (a stream and its entries, an id and its fields)."""
+    if type(item) is not list and type(item) is not tuple or len(item) != 2:
+        raise TypeError(f"not a pair: {item!r:.80}")
+    return item[0], item[1]
+
+
+def _entries(entries: Any) -> list[tuple[Any, Any]]:
+    """RESP2 ``[[id, [f, v, ...]], ...]`` or a map of ids; fields as a map
+    or as ``[f, v]`` pairs (GLIDE's RESP3) are flattened.  Fields of any
+    other kind (``None`` for an entry deleted while pending) are left as
+    they came, for ``parse_entry`` to call malformed."""
+    pairs = entries.items() if isinstance(entries, dict) else [_pair(e) for e in entries or ()]
+    out: list[tuple[Any, Any]] = []
+    for entry_id, fields in pairs:
+        if isinstance(fields, dict):
+            fields = [part for pair in fields.items() for part in pair]
+        elif (
+            type(fields) is list
+            and fields
+            and isinstance(fields[0], list | tuple)
+            and all(isinstance(pair, list | tuple) for pair in fields)
+        ):
+            fields = [part for pair in fields for part in pair]
+        out.append((entry_id, fields))
+    return out
+
+
 def is_wake(flat: Any) -> bool:
     """Whether a stream entry is a wake-up entry (no message: blocked readers re-arm)."""
     return not flat or flat[0] in (b"wake", "wake")

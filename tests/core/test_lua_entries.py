@@ -30,6 +30,8 @@ from docket_core.lua.entries import (
     parse_stream_entries,
     parse_worker,
     raw,
+    stream_entries,
+    stream_reply,
     text,
     wake_ids,
 )
@@ -389,3 +391,64 @@ def test_an_entry_as_the_scripts_write_it_takes_the_short_way() -> None:
     )
     assert (parsed.message.when, parsed.message.attempt, parsed.message.generation) == (1.5, 2, 7)
     assert parse_entry(b"5-1", flat, redelivered=True) == parsed
+
+
+# -- the shapes of a stream read's reply --------------------------------------------
+
+FIELDS = [b"k", b"key-1", b"f", b"noop"]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        # RESP2 (redis-py's raw reply, its cluster client's too)
+        [[b"q", [[b"1-0", FIELDS]]], [b"w", []]],
+        # RESP3 as redis-py gives it: a map of streams
+        {b"q": [[b"1-0", FIELDS]], b"w": []},
+        # redis-py's parsed form: the fields as a map
+        [[b"q", [(b"1-0", {b"k": b"key-1", b"f": b"noop"})]]],
+        # GLIDE: maps of streams and of ids, the fields as [f, v] pairs
+        {b"q": {b"1-0": [[b"k", b"key-1"], [b"f", b"noop"]]}, "w": {}},
+    ],
+)
+def test_every_shape_of_a_stream_read_reads_alike(reply: Any) -> None:
+    assert stream_reply(reply)["q"] == [(b"1-0", FIELDS)]
+
+
+def test_a_read_that_brought_nothing_is_empty() -> None:
+    assert stream_reply(None) == {}
+    assert stream_reply([]) == {}
+    assert stream_entries(None) == []
+
+
+def test_fields_of_no_known_shape_are_left_for_parse_entry_to_call_malformed() -> None:
+    # (an entry deleted while it was pending reads back with no fields)
+    ((entry_id, fields),) = stream_reply([[b"q", [[b"1-0", None]]]])["q"]
+    assert fields is None
+    assert isinstance(parse_entry(entry_id, fields), MalformedEntry)
+    # pairs mixed with bare values are not flattened (a bytes value is no pair)
+    mixed = [[b"k", b"key-1"], b"f"]
+    assert stream_entries([[b"1-0", mixed]]) == [(b"1-0", mixed)]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"OK",  # a status where a read was expected
+        7,
+        [b"q"],  # a stream without its entries
+        [[b"q", [b"1-0"]]],  # an entry without its fields
+        [[b"q", 5]],
+        {b"q": 5},
+    ],
+)
+def test_a_read_reply_of_no_known_shape_is_a_store_error(reply: Any) -> None:
+    # (the worker counts a failed read and reads again: a TypeError would
+    # have ended its reader)
+    with pytest.raises(StoreError, match="unexpected reply to a stream read"):
+        stream_reply(reply)
+
+
+def test_an_xrange_reply_of_no_known_shape_is_a_store_error() -> None:
+    with pytest.raises(StoreError, match="unexpected reply to a stream read"):
+        stream_entries([b"1-0"])
