@@ -214,7 +214,7 @@ def stream_entries(entries: Any) -> list[tuple[Any, Any]]:
 
 def _pair(item: Any) -> tuple[Any, Any]:
     """``[name, value]`` (a stream and its entries, an id and its fields)."""
-    if type(item) is not list and type(item) is not tuple or len(item) != 2:
+    if (type(item) is not list and type(item) is not tuple) or len(item) != 2:
         raise TypeError(f"not a pair: {item!r:.80}")
     return item[0], item[1]
 
@@ -224,20 +224,27 @@ def _entries(entries: Any) -> list[tuple[Any, Any]]:
     or as ``[f, v]`` pairs (GLIDE's RESP3) are flattened.  Fields of any
     other kind (``None`` for an entry deleted while pending) are left as
     they came, for ``parse_entry`` to call malformed."""
-    pairs = entries.items() if isinstance(entries, dict) else [_pair(e) for e in entries or ()]
+    if isinstance(entries, dict):
+        entries = entries.items()
     out: list[tuple[Any, Any]] = []
-    for entry_id, fields in pairs:
-        if isinstance(fields, dict):
+    append = out.append
+    for entry in entries or ():
+        kind = type(entry)
+        if (kind is not list and kind is not tuple) or len(entry) != 2:
+            raise TypeError(f"not an entry: {entry!r:.80}")
+        entry_id, fields = entry
+        kind = type(fields)
+        if kind is list:
+            if fields and type(fields[0]) in _PAIRS and all(type(f) in _PAIRS for f in fields):
+                fields = [part for pair in fields for part in pair]
+        elif kind is dict:
             fields = [part for pair in fields.items() for part in pair]
-        elif (
-            type(fields) is list
-            and fields
-            and isinstance(fields[0], list | tuple)
-            and all(isinstance(pair, list | tuple) for pair in fields)
-        ):
-            fields = [part for pair in fields for part in pair]
-        out.append((entry_id, fields))
+        append((entry_id, fields))
     return out
+
+
+#: the types of a ``[field, value]`` pair in GLIDE's replies
+_PAIRS = (list, tuple)
 
 
 def is_wake(flat: Any) -> bool:
