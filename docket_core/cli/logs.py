@@ -170,6 +170,9 @@ class LineHandler(logging.StreamHandler[TextIO]):
         self._closed = False
         self._wake = threading.Event()
         self._flusher: threading.Thread | None = None
+        #: this class handles and emits records as ``LineHandler`` does, so
+        #: ``write_message`` may write a line without its record
+        self._writes_lines = _writes_as_line_handler(type(self))
         _LINE_HANDLERS.add(self)
 
     def handle(self, record: logging.LogRecord) -> Any:
@@ -205,12 +208,23 @@ class LineHandler(logging.StreamHandler[TextIO]):
         lock = self.lock
         if type(formatter) is not PlainFormatter or self.filters or levelno < self.level:
             return False
-        if lock is None or not _writes_as_line_handler(type(self)):
+        if lock is None or not self._writes_lines or self._closed:
             return False
+        # (``getLevelName``'s own first look, without the call)
+        level = _LEVEL_TO_NAME.get(levelno) or logging.getLevelName(levelno)
         with lock:
             try:
-                head = formatter._heading(created, logging.getLevelName(levelno), name)
-                self._write(head[4] + message + self.terminator, levelno)
+                # (``PlainFormatter._heading``, its usual case inline)
+                head = formatter._head
+                if head[0] != created // 1 or head[1] is not level or head[2] is not name:
+                    head = formatter._heading(created, level, name)
+                self.stream.write(f"{head[4]}{message}{self.terminator}")
+                if levelno >= _WARNING or self._closed:
+                    self._pending = False
+                    self.flush()
+                elif not self._pending:
+                    self._pending = True
+                    self._flush_soon()
             except RecursionError:
                 raise
             except Exception:
@@ -295,6 +309,10 @@ def _writes_as_line_handler(kind: type[LineHandler]) -> bool:
 
 
 _DEFAULT_FORMATTER = logging.Formatter()
+_WARNING = logging.WARNING
+#: level -> name, the table ``logging.getLevelName`` reads first (and
+#: ``addLevelName`` writes)
+_LEVEL_TO_NAME: dict[int, str] = getattr(logging, "_levelToName", {})
 #: whether ``Handler.handle`` returns the record that passed (Python 3.12 on)
 _FILTERS_RETURN_RECORDS = sys.version_info >= (3, 12)
 #: every ``LineHandler``, to reset in a forked child

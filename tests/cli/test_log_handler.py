@@ -196,3 +196,22 @@ def test_a_line_that_cannot_be_written_is_reported_as_a_record_would_be(
         handler.close()
     assert raw.flushed == b""
     assert "↪ late" in capsys.readouterr().err
+
+
+def test_a_closed_handler_declines_and_a_renamed_level_shows_its_new_name() -> None:
+    """``write_message`` of a closed handler writes nothing (the caller
+    logs a record, as it would to any handler); a level renamed with
+    ``logging.addLevelName`` shows its new name, as a record's line does."""
+    closed, closed_raw = _plain()
+    closed.close()
+    assert not closed.write_message(1.0, logging.INFO, "docket.worker", "↪ x")
+    assert closed_raw.flushed == b""
+    renamed, raw = _plain()
+    logging.addLevelName(logging.INFO, "NOTE")
+    try:
+        assert renamed.write_message(1.0, logging.INFO, "docket.worker", "↪ y")
+        renamed.flush()
+    finally:
+        logging.addLevelName(logging.INFO, "INFO")
+        renamed.close()
+    assert raw.flushed.decode().endswith("NOTE - docket.worker - ↪ y\n")
