@@ -188,20 +188,20 @@ class _Resolution(AbstractAsyncContextManager[ResolvedCall]):
 
     The ``TaskContext`` is made (``make_context``) only when a dependency
     needs it: a function that declares none (and a worker that adds none) is
-    called with its arguments as given.  ``docket`` and ``worker`` are
-    ``None`` when the caller set ``current_docket`` and ``current_worker``
-    already (a runner task sets them once for all its runs)."""
+    called with its arguments as given.  ``outer`` is the docket and the
+    worker to set ``current_docket`` and ``current_worker`` to, ``None``
+    when the caller set them already (a runner task sets them once for all
+    its runs)."""
 
     __slots__ = (
         "_args",
-        "_docket",
         "_execution",
         "_function",
         "_kwargs",
         "_make_context",
+        "_outer",
         "_run",
         "_tokens",
-        "_worker",
         "_worker_dependencies",
     )
 
@@ -213,8 +213,7 @@ class _Resolution(AbstractAsyncContextManager[ResolvedCall]):
         kwargs: dict[str, Any],
         make_context: Callable[[], TaskContext],
         worker_dependencies: Mapping[str, Dependency],
-        docket: Any = None,
-        worker: Any = None,
+        outer: tuple[Any, Any] | None = None,
     ) -> None:
         self._function = function
         self._execution = execution
@@ -222,19 +221,19 @@ class _Resolution(AbstractAsyncContextManager[ResolvedCall]):
         self._kwargs = kwargs
         self._make_context = make_context
         self._worker_dependencies = worker_dependencies
-        self._docket = docket
-        self._worker = worker
+        self._outer = outer
         self._run: Run | None = None
         self._tokens: tuple[contextvars.Token[Any], ...] = ()
 
     async def __aenter__(self) -> ResolvedCall:
         plan = _PLANS.get(self._function) or _plan(self._function)
-        if self._docket is None:
+        outer = self._outer
+        if outer is None:
             self._tokens = (current_execution.set(self._execution),)
         else:
             self._tokens = (
-                current_docket.set(self._docket),
-                current_worker.set(self._worker),
+                current_docket.set(outer[0]),
+                current_worker.set(outer[1]),
                 current_execution.set(self._execution),
             )
         workers = self._worker_dependencies
@@ -338,8 +337,7 @@ def resolve(
         context.kwargs,
         lambda: context,
         worker_dependencies,
-        context.docket,
-        context.worker,
+        (context.docket, context.worker),
     )
 
 

@@ -186,7 +186,8 @@ _SHAPE_ERRORS = (TypeError, ValueError, IndexError, KeyError, AttributeError)
 
 def stream_reply(reply: Any) -> dict[str, list[tuple[Any, Any]]]:
     """An ``XREADGROUP`` reply by stream, in any shape a client gives it:
-    RESP2 ``[[stream, entries], ...]``, a RESP3 map, ``None`` when nothing
+    RESP2 ``[[stream, entries], ...]``, a RESP3 map (redis-py's parsed one
+    holds a stream's entries in a list of one), ``None`` when nothing
     came (entries as ``stream_entries`` gives them).  A reply of another
     shape is the store's fault: ``StoreError`` (a worker counts a failed
     read and reads again), never a crash."""
@@ -196,6 +197,14 @@ def stream_reply(reply: Any) -> dict[str, list[tuple[Any, Any]]]:
         streams = reply.items() if isinstance(reply, dict) else [_pair(s) for s in reply]
         found: dict[str, list[tuple[Any, Any]]] = {}
         for stream, entries in streams:
+            if (
+                type(entries) is list
+                and len(entries) == 1
+                and type(entries[0]) is list
+                and (not entries[0] or type(entries[0][0]) in _PAIRS)
+            ):
+                # (redis-py's RESP3 form: a stream's entries in a list of one)
+                entries = entries[0]
             found.setdefault(text(stream), []).extend(_entries(entries))
     except _SHAPE_ERRORS as error:
         raise StoreError(f"unexpected reply to a stream read: {reply!r:.200}") from error

@@ -213,5 +213,6 @@ def test_a_closed_handler_declines_and_a_renamed_level_shows_its_new_name() -> N
         renamed.flush()
     finally:
         logging.addLevelName(logging.INFO, "INFO")
+        logging._nameToLevel.pop("NOTE", None)  # (what addLevelName left behind)
         renamed.close()
     assert raw.flushed.decode().endswith("NOTE - docket.worker - ↪ y\n")

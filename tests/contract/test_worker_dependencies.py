@@ -78,6 +78,31 @@ async def test_ambient_objects_are_injected(docket: Docket, worker: Worker) -> N
     assert seen["vars"] == (docket, worker, running)
 
 
+async def test_a_task_without_dependencies_sees_its_docket_worker_and_execution(
+    docket: Docket, worker: Worker
+) -> None:
+    """A run that declares no dependency skips the resolution's work, not
+    its context: async and sync tasks read their own docket, worker and
+    execution, run after run in the same runner task."""
+    seen: list[tuple[Any, Any, Any]] = []
+
+    async def plain(n: int) -> None:
+        seen.append((current_docket.get(), current_worker.get(), current_execution.get()))
+
+    def plain_sync(n: int) -> None:
+        seen.append((current_docket.get(), current_worker.get(), current_execution.get()))
+
+    executions = [await docket.add(plain)(i) for i in range(3)]
+    executions.append(await docket.add(plain_sync)(3))
+    with anyio.fail_after(2):
+        await worker.run_until_finished()
+    assert len(seen) == 4
+    assert all(found[0] is docket and found[1] is worker for found in seen)
+    keys = sorted(execution.key for _, _, execution in seen)
+    assert keys == sorted(execution.key for execution in executions)
+    assert sorted(execution.args[0] for _, _, execution in seen) == [0, 1, 2, 3]
+
+
 async def test_task_arguments_are_injected(docket: Docket, worker: Worker) -> None:
     async def customer_label(customer_id: int = TaskArgument()) -> str:
         return f"customer-{customer_id}"

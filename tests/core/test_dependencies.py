@@ -742,3 +742,25 @@ def test_call_repr_with_logged() -> None:
         "task(1, ..., [len 3], secret=...)"
     )
     assert call_repr(task, "task", (), {"a": 5, "items": "ab"}) == "task(a=5, items=[len 2])"
+
+
+async def test_resolve_sets_the_context_s_docket_and_worker_even_when_one_is_none() -> None:
+    """``resolve`` sets all three context variables from the context it is
+    given (a runner task, through ``resolve_in_runner``, sets the docket and
+    the worker once itself), a ``None`` docket too."""
+    context, _ = make_context()
+    context.docket = None
+    seen: list[Any] = []
+
+    async def task() -> None:
+        seen.extend(
+            (deps.current_docket.get(), deps.current_worker.get(), deps.current_execution.get())
+        )
+
+    outer = deps.current_docket.set("an outer docket")
+    try:
+        await run(task, context)
+        assert deps.current_docket.get() == "an outer docket"
+    finally:
+        deps.current_docket.reset(outer)
+    assert seen == [None, context.worker, context.execution]

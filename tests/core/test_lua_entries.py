@@ -415,6 +415,20 @@ def test_every_shape_of_a_stream_read_reads_alike(reply: Any) -> None:
     assert stream_reply(reply)["q"] == [(b"1-0", FIELDS)]
 
 
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_redis_py_s_parsed_resp3_read_reads_as_the_raw_one(count: int) -> None:
+    """redis-py's own RESP3 parse of an ``XREADGROUP`` reply (its cluster
+    client parses replies; ``protocol=3`` in a URL picks RESP3) wraps a
+    stream's entries in a list of one, and turns fields into a map."""
+    from redis._parsers.helpers import parse_xread_resp3
+
+    raw = {b"q": [[f"{i}-0".encode(), FIELDS] for i in range(count)]}
+    expected = [(f"{i}-0".encode(), FIELDS) for i in range(count)]
+    assert stream_reply(parse_xread_resp3(raw))["q"] == expected
+    assert stream_reply(raw)["q"] == expected
+    assert stream_reply(parse_xread_resp3({b"q": []})) == {"q": []}
+
+
 def test_a_read_that_brought_nothing_is_empty() -> None:
     assert stream_reply(None) == {}
     assert stream_reply([]) == {}
