@@ -109,10 +109,12 @@ async def test_a_change_that_died_after_closing_heals_when_its_lease_runs_out(
     producer = await make_docket()
     producer.register(task)
     store = producer.adapter
-    assert await store.close_partition("close", 3, 0, 0.3, time.time())
+    # (a lease long enough for the refused add's first round trip on a slow,
+    # loaded machine: at 0.3 s it once ran out before the add arrived)
+    assert await store.close_partition("close", 3, 0, 1.5, time.time())
     with pytest.raises(StoreError, match="is closed while the docket changes to 3 partitions"):
         await producer.add(task, when=later(), key="refused")()
-    await anyio.sleep(0.45)
+    await anyio.sleep(1.7)
     await producer.add(task, when=later(), key="taken")()
     assert await store.pending() == 1
     # a change that comes back after its lease ran out finds the task in,
